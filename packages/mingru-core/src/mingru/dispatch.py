@@ -1,0 +1,213 @@
+"""Choosing between the Triton kernels and the eager references, controlled by ``MINGRU_SCAN``.
+
+``MINGRU_SCAN`` is read each time a scan is dispatched (under torch.compile: when the graph is traced):
+
+- ``auto`` (default, also unset or empty): the kernel where the plugin is available, the tensors are on CUDA
+  (or ``TRITON_INTERPRET=1``) and the op is registered; otherwise the reference. A fallback on CUDA tensors
+  (or a ``ScanFallback`` from the kernel) warns once per (op, reason); CPU tensors use the reference silently.
+- ``triton``: the kernel or a ``RuntimeError`` naming why not. Never a silent downgrade.
+- ``eager``: always the reference.
+
+The decision uses only static facts (env, device, plugin state), so a compiled graph makes it at trace time.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from mingru.scans.affine import _affine_scan, check_affine_inputs
+from mingru.scans.angle import _angle_scan, check_angle_inputs
+from mingru.scans.diag import _diag_scan, check_diag_inputs
+from mingru.scans.linear import _linear_scan, check_linear_inputs
+from mingru.scans.log import _parallel_scan_log, check_log_inputs
+
+ENV_VAR = "MINGRU_SCAN"
+MODES = ("auto", "triton", "eager")
+SCAN_OPS = ("log", "linear", "affine", "diag")
+"""The ops of ``SCAN_IMPLS``; the angle scan ("angle") is dispatched apart, through ``angle_scan_impl``."""
+
+_REFERENCES: dict[str, tuple[Callable[..., None], Callable[..., Any]]] = {
+    "log": (check_log_inputs, _parallel_scan_log),
+    "linear": (check_linear_inputs, _linear_scan),
+    "affine": (check_affine_inputs, _affine_scan),
+    "diag": (check_diag_inputs, _diag_scan),
+    "angle": (check_angle_inputs, _angle_scan),
+}
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _constant_under_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` as torch.compiler.assume_constant_result does, without importing torch._dynamo at import.
+
+    Dynamo then runs ``fn`` at trace time and bakes its (constant) result into the graph.
+    """
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+class ScanFallback(Exception):
+    """Raised by a kernel entry point that declines a call (inputs outside its envelope, or a failed launch).
+
+    The dispatcher catches it: ``MINGRU_SCAN=auto`` warns once and runs the reference, ``MINGRU_SCAN=triton``
+    raises ``RuntimeError``. The first argument is the reason, shown to the user.
+    """
+
+
+@dataclass(frozen=True)
+class ScanChoice:
+    """Which implementation a scan call would use, and why.
+
+    ``impl`` is "triton" or "eager"; ``fallback`` is True when a kernel was wanted but cannot run (``auto``
+    then warns, ``triton`` raises); ``reason`` says why in words.
+    """
+
+    op: str
+    impl: Literal["triton", "eager"]
+    reason: str
+    fallback: bool = False
+
+
+def scan_mode() -> str:
+    """The current ``MINGRU_SCAN`` value (auto, triton or eager). Raises ValueError for any other value."""
+    raw = os.environ.get(ENV_VAR, "")
+    mode = raw.strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"{ENV_VAR} must be one of {', '.join(MODES)} (unset means auto), got {raw!r}")
+    return mode
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@_constant_under_compile
+def _backend_status() -> bool | str:
+    """Load the plugin (outside any graph: traced as a constant) and return its ``available()``."""
+    from mingru import triton_scans
+
+    return triton_scans.load_backend().available()
+
+
+def _backend() -> ModuleType:
+    from mingru import triton_scans
+
+    backend = triton_scans._BACKEND
+    if backend is None:
+        raise RuntimeError("the mingru.triton_scans backend is used before it was loaded")
+    return backend
+
+
+def _kernel_for(op: str) -> Callable[..., Any] | None:
+    backend = _backend()
+    if op == "angle":
+        return getattr(backend, "angle_scan_impl", None)
+    return backend.SCAN_IMPLS.get(op)
+
+
+@_constant_under_compile
+def _warn_once(op: str, reason: str) -> bool:
+    """Warn once per (op, reason) that a scan runs its reference; runs at trace time under torch.compile."""
+    if (op, reason) in _WARNED:
+        return False
+    _WARNED.add((op, reason))
+    warnings.warn(f"mingru: the {op!r} scan runs its eager reference: {reason}", RuntimeWarning, stacklevel=4)
+    return True
+
+
+def _choose(op: str, device_type: str, mode: str) -> ScanChoice:
+    if mode == "eager":
+        return ScanChoice(op, "eager", f"{ENV_VAR}=eager")
+    interpreting = _interpreting()
+    if device_type != "cuda" and not interpreting:
+        reason = (
+            f"the tensors are on {device_type}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+        )
+        return ScanChoice(op, "eager", reason, fallback=mode == "triton")
+    status = _backend_status()
+    if status is not True:
+        return ScanChoice(op, "eager", str(status), fallback=True)
+    if _kernel_for(op) is None:
+        return ScanChoice(op, "eager", f"no Triton kernel is registered for the {op!r} scan", fallback=True)
+    where = "the Triton interpreter (TRITON_INTERPRET=1)" if interpreting else "CUDA"
+    reason = f"Triton kernel on {where}; it may still decline inputs outside its envelope"
+    return ScanChoice(op, "triton", reason)
+
+
+def _check_op(op: object) -> str:
+    if op not in _REFERENCES:
+        raise ValueError(f"op must be one of {', '.join(map(repr, _REFERENCES))}, got {op!r}")
+    return op  # type: ignore[return-value]
+
+
+def explain_scan(op: str, *inputs: Tensor) -> ScanChoice:
+    """Report which implementation a call of scan ``op`` on ``inputs`` would run, and why; runs nothing.
+
+    ``op`` is one of "log", "linear", "affine", "diag", "angle"; ``inputs`` are that scan's tensor arguments
+    in order (for "angle": theta, scale, gamma, b, h0, perm, sgn, p2p). Raises ValueError for an unknown op or
+    ``MINGRU_SCAN`` value and TypeError/ValueError for inputs the scan would reject.
+    """
+    op = _check_op(op)
+    check, _ = _REFERENCES[op]
+    check(*inputs)
+    device = inputs[3].device if op == "angle" else inputs[0].device
+    return _choose(op, device.type, scan_mode())
+
+
+def _run(op: str, device: torch.device, args: tuple[Any, ...], flags: dict[str, bool]) -> Any:
+    _, reference = _REFERENCES[op]
+    mode = scan_mode()
+    choice = _choose(op, device.type, mode)
+    if choice.impl == "triton":
+        kernel = _kernel_for(op)
+        assert kernel is not None
+        kernel_flags = {name: int(value) for name, value in flags.items()}
+        try:
+            return kernel(*args, **kernel_flags)
+        except ScanFallback as exc:
+            reason = exc.args[0] if exc.args else "the kernel declined the call"
+            if mode == "triton":
+                message = f"{ENV_VAR}=triton: the Triton {op!r} scan declined the call: {reason}"
+                raise RuntimeError(message) from exc
+            _warn_once(op, reason)
+    elif mode == "triton":
+        raise RuntimeError(f"{ENV_VAR}=triton: the {op!r} scan cannot run its Triton kernel: {choice.reason}")
+    elif choice.fallback:
+        _warn_once(op, choice.reason)
+    return reference(*args, **flags)
+
+
+def _dispatch_scan(op: str, *args: Tensor) -> Any:
+    """Run scan ``op`` ("log", "linear", "affine" or "diag") on ``args`` with the implementation chosen by
+    ``MINGRU_SCAN``; returns what the reference returns. Inputs are validated before any choice is made."""
+    if op not in SCAN_OPS:
+        raise ValueError(f"op must be one of {', '.join(map(repr, SCAN_OPS))}, got {op!r}")
+    check, _ = _REFERENCES[op]
+    check(*args)
+    return _run(op, args[0].device, args, {})
+
+
+def _dispatch_angle_scan(
+    theta: Tensor,
+    scale: Tensor,
+    gamma: Tensor,
+    b: Tensor,
+    h0: Tensor,
+    perm: Tensor,
+    sgn: Tensor,
+    p2p: Tensor,
+    *,
+    has_scale: bool,
+    has_decay: bool,
+) -> Tensor:
+    """Run the angle scan with the implementation chosen by ``MINGRU_SCAN`` (kernel: ``angle_scan_impl``)."""
+    args = (theta, scale, gamma, b, h0, perm, sgn, p2p)
+    check_angle_inputs(*args)
+    return _run("angle", b.device, args, {"has_scale": bool(has_scale), "has_decay": bool(has_decay)})

@@ -1,0 +1,237 @@
+"""MINGRU_SCAN: one test (or more) per row of the dispatch table, with a stand-in plugin module."""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import pytest
+import torch
+
+from mingru import ScanFallback, dispatch, explain_scan, linear_scan, scan_mode, triton_scans
+from mingru.min_gru import _dispatch_scan, angle_scan
+from mingru.scans import default_angle_layout, linear_scan_ref
+
+
+class Recorder:
+    """A stand-in kernel: records its calls and returns a recognisable result (or declines)."""
+
+    def __init__(self, decline: str | None = None):
+        self.calls: list[dict] = []
+        self.decline = decline
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(kwargs)
+        if self.decline is not None:
+            raise ScanFallback(self.decline)
+        return tuple(torch.full_like(args[0], 7.0) for _ in range(2))
+
+
+def _plugin(available=True, impls=None, angle=None) -> types.ModuleType:
+    module = types.ModuleType("fake_mingru_triton")
+    module.available = lambda: available
+    module.SCAN_IMPLS = dict(impls or {})
+    module.ScanFallback = ScanFallback
+    if angle is not None:
+        module.angle_scan_impl = angle
+    return module
+
+
+@pytest.fixture(autouse=True)
+def clean_dispatch(monkeypatch):
+    monkeypatch.delenv("MINGRU_SCAN", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(dispatch, "_WARNED", set())
+    monkeypatch.setattr(triton_scans, "_BACKEND", None)
+
+
+def _use(monkeypatch, plugin, *, mode=None, interpret=False):
+    monkeypatch.setattr(triton_scans, "_BACKEND", plugin)
+    if mode is not None:
+        monkeypatch.setenv("MINGRU_SCAN", mode)
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _ab():
+    return torch.rand(2, 5, 3), torch.randn(2, 5, 3)
+
+
+def _is_reference(result, a, b):
+    return all(torch.equal(x, y) for x, y in zip(result, linear_scan_ref(a, b), strict=True))
+
+
+@pytest.mark.parametrize("mode", [None, "", "auto", " AUTO "], ids=["unset", "empty", "auto", "spaced-upper"])
+def test_auto_uses_reference_silently_on_cpu(monkeypatch, mode):
+    kernel = Recorder()
+    _use(monkeypatch, _plugin(impls={"linear": kernel}), mode=mode)
+    a, b = _ab()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = linear_scan(a, b)
+    assert _is_reference(out, a, b)
+    assert kernel.calls == []
+    assert scan_mode() == "auto"
+
+
+def test_auto_runs_the_kernel_where_it_can(monkeypatch):
+    kernel = Recorder()
+    _use(monkeypatch, _plugin(impls={"linear": kernel}), interpret=True)
+    a, b = _ab()
+    A, _ = linear_scan(a, b)
+    assert len(kernel.calls) == 1
+    assert torch.all(A == 7.0)
+    assert explain_scan("linear", a, b).impl == "triton"
+
+
+def test_auto_warns_once_per_op_and_reason_on_scan_fallback(monkeypatch):
+    kernel = Recorder(decline="k = 300 is outside the kernel envelope")
+    _use(monkeypatch, _plugin(impls={"linear": kernel}), interpret=True)
+    a, b = _ab()
+    with pytest.warns(RuntimeWarning, match=r"'linear' scan runs its eager reference: k = 300 is outside"):
+        out = linear_scan(a, b)
+    assert _is_reference(out, a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _is_reference(linear_scan(a, b), a, b)
+    assert len(kernel.calls) == 2
+    kernel.decline = "another reason"
+    with pytest.warns(RuntimeWarning, match="another reason"):
+        linear_scan(a, b)
+
+
+@pytest.mark.parametrize(
+    ("plugin", "reason"),
+    [
+        (_plugin(available="CUDA not available"), "CUDA not available"),
+        (_plugin(impls={}), "no Triton kernel is registered for the 'linear' scan"),
+    ],
+    ids=["unavailable", "op-missing"],
+)
+def test_auto_warns_once_when_a_wanted_kernel_cannot_run(monkeypatch, plugin, reason):
+    _use(monkeypatch, plugin, interpret=True)
+    a, b = _ab()
+    with pytest.warns(RuntimeWarning, match=reason):
+        out = linear_scan(a, b)
+    assert _is_reference(out, a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        linear_scan(a, b)
+    choice = explain_scan("linear", a, b)
+    assert (choice.impl, choice.reason, choice.fallback) == ("eager", reason, True)
+
+
+def test_auto_on_cuda_tensors_without_the_plugin_is_a_fallback():
+    choice = dispatch._choose("linear", "cuda", "auto")
+    assert choice.impl == "eager" and choice.fallback
+    assert choice.reason == triton_scans.load_backend().available()
+
+
+@pytest.mark.parametrize(
+    ("plugin", "interpret", "reason"),
+    [
+        (
+            _plugin(impls={"linear": Recorder()}),
+            False,
+            r"the tensors are on cpu; the Triton kernels need CUDA",
+        ),
+        (_plugin(available="CUDA not available"), True, r"CUDA not available"),
+        (_plugin(impls={}), True, r"no Triton kernel is registered for the 'linear' scan"),
+        (None, True, r"mingru-triton is not installed; pip install 'mingru-core\[triton\]'"),
+    ],
+    ids=["cpu-tensors", "unavailable", "op-missing", "not-installed"],
+)
+def test_triton_mode_raises_instead_of_downgrading(monkeypatch, plugin, interpret, reason):
+    if plugin is None:
+        plugin = triton_scans._stub(triton_scans.NOT_INSTALLED)
+    _use(monkeypatch, plugin, mode="triton", interpret=interpret)
+    with pytest.raises(
+        RuntimeError, match=r"MINGRU_SCAN=triton: the 'linear' scan cannot run its Triton kernel: " + reason
+    ):
+        linear_scan(*_ab())
+
+
+def test_triton_mode_turns_scan_fallback_into_an_error(monkeypatch):
+    _use(
+        monkeypatch,
+        _plugin(impls={"linear": Recorder(decline="v = 513 > 256")}),
+        mode="triton",
+        interpret=True,
+    )
+    with pytest.raises(
+        RuntimeError, match=r"the Triton 'linear' scan declined the call: v = 513 > 256"
+    ) as info:
+        linear_scan(*_ab())
+    assert isinstance(info.value.__cause__, ScanFallback)
+
+
+def test_triton_mode_runs_the_kernel(monkeypatch):
+    kernel = Recorder()
+    _use(monkeypatch, _plugin(impls={"linear": kernel}), mode="triton", interpret=True)
+    _, Bc = linear_scan(*_ab())
+    assert len(kernel.calls) == 1 and torch.all(Bc == 7.0)
+
+
+def test_eager_mode_never_calls_the_kernel(monkeypatch):
+    kernel = Recorder()
+    _use(monkeypatch, _plugin(impls={"linear": kernel}), mode="eager", interpret=True)
+    a, b = _ab()
+    assert _is_reference(linear_scan(a, b), a, b)
+    assert kernel.calls == []
+    choice = explain_scan("linear", a, b)
+    assert (choice.impl, choice.reason, choice.fallback) == ("eager", "MINGRU_SCAN=eager", False)
+
+
+@pytest.mark.parametrize("value", ["cuda", "fast", "1", "eagerly"])
+def test_unknown_mode_is_a_value_error_listing_the_valid_values(monkeypatch, value):
+    monkeypatch.setenv("MINGRU_SCAN", value)
+    with pytest.raises(
+        ValueError,
+        match=rf"MINGRU_SCAN must be one of auto, triton, eager \(unset means auto\), got '{value}'",
+    ):
+        linear_scan(*_ab())
+
+
+def test_angle_dispatch_passes_int_flags_to_angle_scan_impl(monkeypatch):
+    seen = []
+
+    def angle_scan_impl(*args, has_scale, has_decay):
+        seen.append((has_scale, has_decay))
+        return torch.zeros_like(args[3])
+
+    _use(monkeypatch, _plugin(angle=angle_scan_impl), interpret=True)
+    perm, sgn, p2p = default_angle_layout(4, 1)
+    args = (torch.zeros(1, 2, 1, 1, 2), torch.ones(1, 2, 1), torch.ones(1, 2, 1), torch.ones(1, 2, 1, 4))
+    h = angle_scan(*args, torch.zeros(1, 1, 4), perm, sgn, p2p, has_scale=True, has_decay=False)
+    assert seen == [(1, 0)] and type(seen[0][0]) is int
+    assert torch.all(h == 0)
+
+
+def test_angle_without_angle_scan_impl_falls_back(monkeypatch):
+    _use(monkeypatch, _plugin(impls={"linear": Recorder()}), mode="triton", interpret=True)
+    perm, sgn, p2p = default_angle_layout(4, 1)
+    args = (torch.zeros(1, 2, 1, 1, 2), torch.ones(1, 2, 1), torch.ones(1, 2, 1), torch.ones(1, 2, 1, 4))
+    with pytest.raises(RuntimeError, match="no Triton kernel is registered for the 'angle' scan"):
+        angle_scan(*args, torch.zeros(1, 1, 4), perm, sgn, p2p, has_scale=True, has_decay=True)
+
+
+def test_inputs_are_checked_before_any_choice(monkeypatch):
+    _use(monkeypatch, _plugin(impls={"linear": Recorder()}), mode="triton")
+    with pytest.raises(ValueError, match=r"b must have shape like a"):
+        linear_scan(torch.zeros(1, 2, 3), torch.zeros(1, 2, 4))
+
+
+def test_unknown_op_names():
+    with pytest.raises(
+        ValueError, match=r"op must be one of 'log', 'linear', 'affine', 'diag', 'angle', got 'rnn'"
+    ):
+        explain_scan("rnn", torch.zeros(1, 1, 1))
+    with pytest.raises(ValueError, match=r"op must be one of 'log', 'linear', 'affine', 'diag', got 'angle'"):
+        _dispatch_scan("angle", torch.zeros(1, 1, 1))
+
+
+def test_trace_time_constants_carry_the_marker_torch_compile_reads():
+    reference = torch.compiler.assume_constant_result(lambda: 0)
+    marker = next(name for name in vars(reference) if "constant" in name)
+    assert getattr(dispatch._backend_status, marker) is True
+    assert getattr(dispatch._warn_once, marker) is True
