@@ -85,7 +85,7 @@ def default_angle_layout(k: int, layers: int, *, reflect: bool = False) -> tuple
 
     When k is a power of two, layer r pairs i with i XOR 2^(r mod log2 k) (a butterfly: log2 k layers mix
     every coordinate); otherwise even layers pair (2m, 2m+1) and odd layers (2m+1, 2m+2 mod k). Angle indices
-    number the pairs by their smaller position. reflect=True sets sgn[r, 0] = -1 so every layer is a reflection.
+    number the pairs by their smaller position. reflect=True sets sgn[r, 0] = -1: every layer reflects.
     Raises ValueError for odd or non-positive k or a negative layer count.
     """
     if not isinstance(k, int) or k < 2 or k % 2:
