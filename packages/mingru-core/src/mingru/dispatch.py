@@ -84,8 +84,9 @@ def scan_mode() -> str:
     return mode
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+def interpret_requested() -> bool:
+    """Whether ``TRITON_INTERPRET`` holds a value Triton reads as true ("1", "true" or "on")."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on")
 
 
 @_constant_under_compile
@@ -125,7 +126,7 @@ def _warn_once(op: str, reason: str) -> bool:
 def _choose(op: str, device_type: str, mode: str) -> ScanChoice:
     if mode == "eager":
         return ScanChoice(op, "eager", f"{ENV_VAR}=eager")
-    interpreting = _interpreting()
+    interpreting = interpret_requested()
     if device_type != "cuda" and not interpreting:
         reason = (
             f"the tensors are on {device_type}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
@@ -144,7 +145,7 @@ def _choose(op: str, device_type: str, mode: str) -> ScanChoice:
 def _check_op(op: object) -> str:
     if op not in _REFERENCES:
         raise ValueError(f"op must be one of {', '.join(map(repr, _REFERENCES))}, got {op!r}")
-    return op  # type: ignore[return-value]
+    return op
 
 
 def explain_scan(op: str, *inputs: Tensor) -> ScanChoice:

@@ -31,7 +31,7 @@ def _stub(reason: str) -> types.ModuleType:
     stub.available = available  # type: ignore[attr-defined]
     stub.ScanFallback = ScanFallback  # type: ignore[attr-defined]
     stub.SCAN_IMPLS = {}  # type: ignore[attr-defined]
-    stub.__all__ = ["SCAN_IMPLS", "ScanFallback", "available"]
+    stub.__all__ = ["SCAN_IMPLS", "ScanFallback", "available"]  # type: ignore[attr-defined]
     return stub
 
 

@@ -60,14 +60,14 @@ def affine_scan_bwd_ref(
 
 class _AffineScanRef(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def forward(ctx, A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
         Abar, Bbar = affine_scan_fwd_ref(A, Bm)
         ctx.save_for_backward(A, Abar, Bbar)
         ctx.set_materialize_grads(False)
         return Abar, Bbar
 
     @staticmethod
-    def backward(ctx, gAbar: Tensor | None, gBbar: Tensor | None) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def backward(ctx, gAbar: Tensor | None, gBbar: Tensor | None) -> tuple[Tensor, Tensor]:
         A, Abar, Bbar = ctx.saved_tensors
         return affine_scan_bwd_ref(A, Abar, Bbar, gAbar, gBbar)
 

@@ -55,14 +55,14 @@ def diag_scan_bwd_ref(
 
 class _DiagScanRef(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def forward(ctx, a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
         abar, Bbar = diag_scan_fwd_ref(a, Bm)
         ctx.save_for_backward(a, abar, Bbar)
         ctx.set_materialize_grads(False)
         return abar, Bbar
 
     @staticmethod
-    def backward(ctx, gabar: Tensor | None, gBbar: Tensor | None) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def backward(ctx, gabar: Tensor | None, gBbar: Tensor | None) -> tuple[Tensor, Tensor]:
         a, abar, Bbar = ctx.saved_tensors
         return diag_scan_bwd_ref(a, abar, Bbar, gabar, gBbar)
 

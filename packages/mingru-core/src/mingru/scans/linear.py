@@ -56,14 +56,14 @@ def linear_scan_bwd_ref(
 
 class _LinearScanRef(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def forward(ctx, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         A, Bc = linear_scan_fwd_ref(a, b)
         ctx.save_for_backward(a, A, Bc)
         ctx.set_materialize_grads(False)
         return A, Bc
 
     @staticmethod
-    def backward(ctx, gA: Tensor | None, gBc: Tensor | None) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def backward(ctx, gA: Tensor | None, gBc: Tensor | None) -> tuple[Tensor, Tensor]:
         a, A, Bc = ctx.saved_tensors
         return linear_scan_bwd_ref(a, A, Bc, gA, gBc)
 

@@ -58,13 +58,13 @@ def parallel_scan_log_bwd_ref(
 
 class _LogScanRef(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, log_coeffs: Tensor, log_values: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, log_coeffs: Tensor, log_values: Tensor) -> Tensor:
         h = parallel_scan_log_fwd_ref(log_coeffs, log_values)
         ctx.save_for_backward(log_coeffs, log_values, h)
         return h
 
     @staticmethod
-    def backward(ctx, grad_h: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def backward(ctx, grad_h: Tensor) -> tuple[Tensor, Tensor]:
         log_coeffs, log_values, h = ctx.saved_tensors
         return parallel_scan_log_bwd_ref(log_coeffs, log_values, h, grad_h)
 
@@ -86,12 +86,12 @@ def parallel_scan_log_ref(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
 
 class _SafeLog(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor) -> Tensor:
         ctx.save_for_backward(x)
         return torch.where(x > 0, x, torch.zeros_like(x)).log()
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> Tensor:
         (x,) = ctx.saved_tensors
         positive = x > 0
         return torch.where(positive, grad / torch.where(positive, x, torch.ones_like(x)), torch.zeros_like(x))
