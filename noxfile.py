@@ -1,0 +1,190 @@
+"""Tasks of the mingru monorepo. ``nox`` runs the default sessions; ``nox -l`` lists them all.
+
+Sessions keep their virtual environments under ``.nox`` and reuse them, so a second run installs
+nothing new. Packages under test are installed without build isolation (hatchling is installed into
+each environment), so no run needs the network once the environments exist.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import zipfile
+from pathlib import Path
+from xml.etree import ElementTree
+
+import nox
+
+nox.needs_version = ">=2024.4.15"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_external_run = True
+nox.options.sessions = ["lint", "tests(torch='2.13.0')", "core_only", "build"]
+
+ROOT = Path(__file__).resolve().parent
+PACKAGES = {name: ROOT / "packages" / name for name in ("mingru-core", "mingru-triton", "mingru-compile")}
+IMPORT_NAMES = {"mingru-core": "mingru", "mingru-triton": "mingru_triton", "mingru-compile": "mingru_compile"}
+CORE = PACKAGES["mingru-core"]
+DIST = ROOT / "dist"
+REPORTS = ROOT / ".nox" / "_reports"
+
+RUFF = "ruff==0.17.6"
+DEFAULT_TORCH = "2.13.0"
+# The Triton release that goes with each supported torch release. CUDA wheels of torch pin it
+# themselves (torch 2.8.0 pins triton 3.4.0); CPU wheels bring none, so it is always named here.
+TRITON_FOR_TORCH = {"2.13.0": "triton==3.9.0", "2.8.0": "triton==3.4.0"}
+HATCHLING = "hatchling>=1.24"
+EDITABLE_BUILD_TOOLS = (HATCHLING, "editables")
+
+CORE_ONLY_SMOKE = """
+import importlib.util
+import sys
+
+try:
+    import triton
+except ImportError:
+    pass
+else:
+    raise SystemExit(f"triton must not be importable here; found {triton.__file__}")
+assert importlib.util.find_spec("mingru_triton") is None, "mingru-triton must not be installed here"
+
+import torch
+import mingru
+
+assert "mingru.triton_scans" not in sys.modules, "import mingru imported mingru.triton_scans"
+layer = mingru.MinGRU(16)
+x = torch.randn(2, 7, 16)
+y, state = layer(x)
+assert y.shape == x.shape, y.shape
+y_t, state_t = layer.step(x[:, 0])
+assert y_t.shape == (2, 16), y_t.shape
+reason = mingru.triton_scans.available()
+assert isinstance(reason, str) and "not installed" in reason, reason
+assert mingru.triton_scans.SCAN_IMPLS == {}
+print("core_only smoke: forward", tuple(y.shape), "step", tuple(y_t.shape), "| triton_scans:", reason)
+"""
+
+BUILD_SMOKE = """
+import importlib.metadata as metadata
+
+import mingru
+import mingru_compile
+import mingru_triton
+
+modules = {"mingru-core": mingru, "mingru-triton": mingru_triton, "mingru-compile": mingru_compile}
+for dist, module in modules.items():
+    assert "site-packages" in module.__file__, f"{module.__name__} imported from {module.__file__}"
+    print(dist, metadata.version(dist), "->", module.__file__)
+(entry_point,) = metadata.entry_points(group="mingru.backends", name="triton")
+assert entry_point.load() is mingru_triton, entry_point
+assert mingru.triton_scans.available is mingru_triton.available
+print("entry point mingru.backends:triton ->", entry_point.value)
+"""
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole repository."""
+    session.install(RUFF)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+@nox.parametrize("torch", list(TRITON_FOR_TORCH))
+def tests(session: nox.Session, torch: str) -> None:
+    """Every package's tests on one torch release (editable installs), then the tests marked ``interpret``.
+
+    The main run unsets TRITON_INTERPRET (compile and fake-tensor tests need the real dispatch); the
+    second run sets TRITON_INTERPRET=1 and selects only tests marked ``interpret``. Arguments after
+    ``--`` go to both pytest runs (paths given there replace the default test folders).
+    """
+    session.install(f"torch=={torch}", TRITON_FOR_TORCH[torch])
+    session.install("pytest", "numpy", *EDITABLE_BUILD_TOOLS)
+    session.install(
+        "--no-build-isolation", "--no-deps", *(arg for p in PACKAGES.values() for arg in ("-e", str(p)))
+    )
+    session.run("python", "-m", "pip", "check")
+    session.run(
+        "python",
+        "-c",
+        "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)",
+    )
+    _pytest(session, "main", "-m", "not interpret", env={"TRITON_INTERPRET": None})
+    _pytest(session, "interpret", "-m", "interpret", env={"TRITON_INTERPRET": "1"}, allow_no_tests=True)
+
+
+@nox.session
+def core_only(session: nox.Session) -> None:
+    """mingru-core alone (installed from its folder, not editable) on torch 2.13.0 without triton."""
+    session.install(f"torch=={DEFAULT_TORCH}", "pytest", "numpy", HATCHLING)
+    session.run("python", "-m", "pip", "uninstall", "--yes", "mingru-compile", "mingru-triton", "triton")
+    session.install("--no-build-isolation", "--no-deps", "--force-reinstall", str(CORE))
+    session.run("python", "-m", "pip", "check")
+    session.run("python", "-c", CORE_ONLY_SMOKE)
+    _pytest(session, "core", str(CORE / "tests"), env={"TRITON_INTERPRET": None})
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Wheel and sdist of each package into dist/; the wheels installed (no deps) and smoke-imported."""
+    session.install("build", HATCHLING, f"torch=={DEFAULT_TORCH}")
+    shutil.rmtree(DIST, ignore_errors=True)
+    for package in PACKAGES.values():
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(DIST), str(package))
+    wheels = sorted(DIST.glob("*.whl"))
+    sdists = sorted(DIST.glob("*.tar.gz"))
+    if len(wheels) != len(PACKAGES) or len(sdists) != len(PACKAGES):
+        session.error(
+            f"expected {len(PACKAGES)} wheels and sdists in dist/; got {[p.name for p in (*wheels, *sdists)]}"
+        )
+    for dist_name, import_name in IMPORT_NAMES.items():
+        wheel = next(w for w in wheels if w.name.startswith(dist_name.replace("-", "_") + "-"))
+        with zipfile.ZipFile(wheel) as archive:
+            if f"{import_name}/py.typed" not in archive.namelist():
+                session.error(f"{wheel.name} lacks {import_name}/py.typed")
+    session.install("--no-deps", "--force-reinstall", *map(str, wheels))
+    session.run("python", "-c", BUILD_SMOKE)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with mkdocs --strict into site/."""
+    session.install("mkdocs==1.6.1", "mkdocs-material==9.8.2")
+    quiet = {"NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's banner about MkDocs 2
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"), env=quiet)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Train a small MinGRU language model with mingru-core alone; arguments after -- go to the script."""
+    session.install(f"torch=={DEFAULT_TORCH}", "numpy", *EDITABLE_BUILD_TOOLS)
+    session.install("--no-build-isolation", "--no-deps", "-e", str(CORE))
+    script = ROOT / "examples" / "train_mingru.py"
+    session.run("python", str(script), *(session.posargs or ["--steps", "100"]))
+
+
+def _pytest(
+    session: nox.Session, label: str, *args: str, env: dict[str, str | None], allow_no_tests: bool = False
+) -> None:
+    """Run pytest with a JUnit report under .nox/_reports; fail when it collected no test unless allowed."""
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    report = REPORTS / f"{re.sub(r'[^A-Za-z0-9.]+', '-', session.name).strip('-')}-{label}.xml"
+    report.unlink(missing_ok=True)
+    command = ["pytest", "-p", "no:cacheprovider", f"--junitxml={report}", *args, *session.posargs]
+    # Exit code 5 means "no tests collected"; the report tells that case apart and it is handled below.
+    session.run(*command, env=env, success_codes=[0, 5])
+    suites = list(ElementTree.parse(report).getroot().iter("testsuite"))
+    total, failed, errors, skipped = (
+        sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")
+    )
+    if total == 0:
+        if allow_no_tests:
+            session.log(f"pytest ({label}): no test matched {' '.join(args)}; nothing to run there")
+            report.unlink()
+            return
+        session.error(
+            f"pytest ({label}) collected no tests with arguments {command[1:]}: "
+            "check the paths and the -m/-k filters"
+        )
+    passed = total - failed - errors - skipped
+    session.log(f"pytest ({label}): {passed} passed, {failed + errors} failed, {skipped} skipped")
