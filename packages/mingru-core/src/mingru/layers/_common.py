@@ -1,0 +1,274 @@
+"""Shared pieces of the recurrent layers: argument checks, dtype rules and the state-handling base class.
+
+Dtype rule for every layer: gates and values are computed from the projections in the *state dtype*
+``promote_types(x.dtype, float32)`` (float32 for half/bfloat16/float32 inputs, float64 for float64), the
+recurrence runs and the carried state is kept in that dtype, and the output is cast back to ``x.dtype``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from mingru.min_gru import linear_recurrence, log_recurrence
+
+MODES = ("log", "linear")
+
+
+def check_positive_int(owner: str, name: str, value: object) -> int:
+    """Return ``value`` if it is an int > 0. Raises ValueError naming ``owner.name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}: {name} must be a positive int; got {value!r}")
+    return value
+
+
+def check_positive_float(owner: str, name: str, value: object) -> float:
+    """Return ``float(value)`` if it is a finite real number > 0. Raises ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise ValueError(f"{owner}: {name} must be a finite number > 0; got {value!r}")
+    return float(value)
+
+
+def check_choice(owner: str, name: str, value: object, choices: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``choices``. Raises ValueError listing the choices otherwise."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{owner}: {name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value
+
+
+def check_bool(owner: str, name: str, value: object) -> bool:
+    """Return ``value`` if it is a bool. Raises ValueError otherwise."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}: {name} must be a bool; got {value!r}")
+    return value
+
+
+def hidden_width(owner: str, dim: int, expansion: object) -> int:
+    """``round(dim * expansion)``; ValueError when ``expansion`` is not > 0 or the width rounds to 0."""
+    expansion = check_positive_float(owner, "expansion", expansion)
+    hidden = round(dim * expansion)
+    if hidden < 1:
+        raise ValueError(
+            f"{owner}: expansion must give a hidden width round(dim * expansion) >= 1; "
+            f"got dim={dim}, expansion={expansion!r} -> {hidden}"
+        )
+    return hidden
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the recurrence runs and the state is kept in: float64 for float64 input, else float32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class RecurrentLayer(nn.Module):
+    """Base class: input/state validation and the ``forward`` / ``step`` / ``init_state`` contract.
+
+    Subclasses set ``self.dim`` and implement ``state_shape`` (per example), ``_forward(x, h0)`` and
+    ``_step(x_t, h)``; ``h0`` and ``h`` arrive validated and in the state dtype (``h0`` is None for zeros).
+    """
+
+    dim: int
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        """Shape of one example's state (the batch dimension excluded)."""
+        raise NotImplementedError
+
+    def init_state(
+        self, batch: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+    ) -> Tensor:
+        """Zero state ``(batch, *state_shape)`` (float32 by default). Raises ValueError unless batch >= 0."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+            raise ValueError(f"{type(self).__name__}.init_state: batch must be an int >= 0; got {batch!r}")
+        return torch.zeros((batch, *self.state_shape), device=device, dtype=dtype)
+
+    def forward(self, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Run the layer over a sequence.
+
+        Args:
+            x: ``(B, T, dim)`` floating input.
+            state: initial state ``(B, *state_shape)`` or None for zeros; cast to the state dtype.
+
+        Returns:
+            ``(y, final_state)``: ``y`` is ``(B, T, dim)`` in ``x.dtype``; ``final_state`` is
+            ``(B, *state_shape)`` in float32 (float64 for float64 ``x``). ``T == 0`` returns ``state``.
+
+        Raises:
+            ValueError: wrong rank, width or dtype of ``x``; wrong shape or device of ``state``.
+        """
+        self._check_input(x, "forward", "x", ("batch", "time"))
+        h0 = self._prepare_state(state, x, "forward")
+        if x.shape[1] == 0:
+            final = h0 if h0 is not None else self.init_state(x.shape[0], x.device, state_dtype(x.dtype))
+            return x.new_zeros(x.shape), final
+        return self._forward(x, h0)
+
+    def step(self, x_t: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Advance the recurrence by one position in O(1): equal to ``forward`` on that position.
+
+        Args:
+            x_t: ``(B, dim)`` floating input of one position.
+            state: ``(B, *state_shape)`` state before the position, or None for zeros.
+
+        Returns:
+            ``(y_t (B, dim)`` in ``x_t.dtype``, new state in float32 (float64 for float64 ``x_t``)).
+
+        Raises:
+            ValueError: like ``forward``.
+        """
+        self._check_input(x_t, "step", "x_t", ("batch",))
+        h = self._prepare_state(state, x_t, "step")
+        if h is None:
+            h = self.init_state(x_t.shape[0], x_t.device, state_dtype(x_t.dtype))
+        return self._step(x_t, h)
+
+    def _forward(self, x: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _check_input(self, x: Tensor, method: str, name: str, leading: tuple[str, ...]) -> None:
+        where = f"{type(self).__name__}.{method}"
+        expected = "(" + ", ".join((*leading, str(self.dim))) + ")"
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{where}: {name} must be a Tensor of shape {expected}; got {type(x).__name__}")
+        if x.dim() != len(leading) + 1 or x.shape[-1] != self.dim:
+            raise ValueError(f"{where}: {name} must have shape {expected}; got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{where}: {name} must be a floating tensor; got dtype {x.dtype}")
+
+    def _prepare_state(self, state: Tensor | None, x: Tensor, method: str) -> Tensor | None:
+        if state is None:
+            return None
+        where = f"{type(self).__name__}.{method}"
+        expected = (x.shape[0], *self.state_shape)
+        if not isinstance(state, Tensor):
+            raise ValueError(
+                f"{where}: state must be a Tensor of shape {expected} or None; got {type(state).__name__}"
+            )
+        if tuple(state.shape) != expected:
+            raise ValueError(f"{where}: state must have shape {expected}; got {tuple(state.shape)}")
+        if state.device != x.device:
+            raise ValueError(f"{where}: state must be on the input's device {x.device}; got {state.device}")
+        return state.to(state_dtype(x.dtype))
+
+
+def log_g(x: Tensor) -> Tensor:
+    """``log g(x)`` for the paper's positive activation ``g(x) = x + 0.5 (x >= 0), sigmoid(x) (x < 0)``."""
+    return torch.where(x >= 0, torch.log(torch.relu(x) + 0.5), -nn.functional.softplus(-x))
+
+
+class ScalarGatedLayer(RecurrentLayer):
+    """Single-head layers with state ``(B, hidden)`` and ``h_t = a_t * h_{t-1} + b_t``.
+
+    One input projection ``dim -> branches * hidden`` gives every pre-activation; an output projection
+    ``hidden -> dim`` follows when ``hidden != dim``. Subclasses map the pre-activations (in the state
+    dtype) to ``(log a, log b)`` for ``mode="log"`` and to ``(a, b)`` for ``mode="linear"``.
+    """
+
+    def __init__(self, dim: int, expansion: float, mode: str, bias: bool, branches: int) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        self.dim = check_positive_int(owner, "dim", dim)
+        self.hidden = hidden_width(owner, dim, expansion)
+        self.mode = check_choice(owner, "mode", mode, MODES)
+        check_bool(owner, "bias", bias)
+        self.proj_in = nn.Linear(dim, branches * self.hidden, bias=bias)
+        self.proj_out: nn.Module = (
+            nn.Linear(self.hidden, dim, bias=bias) if self.hidden != dim else nn.Identity()
+        )
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.hidden,)
+
+    def _log_coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _forward(self, x: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        pre = self.proj_in(x).to(state_dtype(x.dtype))
+        if self.mode == "log":
+            h = log_recurrence(*self._log_coefficients(pre), h0)
+        else:
+            h = linear_recurrence(*self._coefficients(pre), h0)
+        return self.proj_out(h.to(x.dtype)), h[:, -1].clone()
+
+    def _step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        pre = self.proj_in(x_t).to(h.dtype)
+        if self.mode == "log":
+            log_a, log_b = self._log_coefficients(pre)
+            a, b = log_a.exp(), log_b.exp()
+        else:
+            a, b = self._coefficients(pre)
+        h = a * h + b
+        return self.proj_out(h.to(x_t.dtype)), h
+
+
+class MatrixStateLayer(RecurrentLayer):
+    """Multi-head layers with a ``(B, heads, k, v)`` matrix state ``H_t = A_t(H_{t-1}) + B_t``.
+
+    One input projection gives, per head, ``transition_width`` transition pre-activations, a query and a
+    key (``k`` each) and a value (``v``); the read-out ``y_head = q_t^T H_t`` of all heads is concatenated
+    and mapped back to ``dim`` by an output Linear. Subclasses build ``(transition, B_t)``, run the scan and
+    apply one transition in ``step``.
+    """
+
+    def __init__(
+        self, dim: int, heads: int, head_dim: int, value_dim: int | None, transition_width: int
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        self.dim = check_positive_int(owner, "dim", dim)
+        self.heads = check_positive_int(owner, "heads", heads)
+        self.head_dim = check_positive_int(owner, "head_dim", head_dim)
+        self.value_dim = head_dim if value_dim is None else check_positive_int(owner, "value_dim", value_dim)
+        k, v = self.head_dim, self.value_dim
+        self._split_sizes = (transition_width, k, k, v)
+        self.proj_in = nn.Linear(dim, heads * sum(self._split_sizes))
+        self.proj_out = nn.Linear(heads * v, dim)
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.heads, self.head_dim, self.value_dim)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(transition (..., n, w), query, key (..., n, k), value (..., n, v))`` in the state dtype."""
+        pre = self.proj_in(x).to(state_dtype(x.dtype))
+        pre = pre.unflatten(-1, (self.heads, sum(self._split_sizes)))
+        transition, query, key, value = pre.split(self._split_sizes, dim=-1)
+        return transition, query, key, value
+
+    def _readout(self, query: Tensor, h: Tensor, dtype: torch.dtype) -> Tensor:
+        """``proj_out(concat_heads(q^T H))`` for ``query (..., n, k)`` and ``h (..., n, k, v)``."""
+        y = torch.einsum("...nk,...nkv->...nv", query, h).flatten(-2)
+        return self.proj_out(y.to(dtype))
+
+    def _transition(self, transition: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _scan(self, a: Tensor, b: Tensor, h0: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def _apply_transition(self, a: Tensor, h: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _forward(self, x: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        transition, query, key, value = self._project(x)
+        h = self._scan(*self._transition(transition, key, value), h0)
+        return self._readout(query, h, x.dtype), h[:, -1].clone()
+
+    def _step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        transition, query, key, value = self._project(x_t)
+        a, b = self._transition(transition, key, value)
+        h = self._apply_transition(a, h) + b
+        return self._readout(query, h, x_t.dtype), h
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, value_dim={self.value_dim}"

@@ -1,0 +1,54 @@
+"""MinGRUMatrix: multi-head minGRU with input-dependent k x k transitions and a k x v matrix state."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mingru.layers._common import MatrixStateLayer
+from mingru.min_gru import affine_recurrence
+
+
+class MinGRUMatrix(MatrixStateLayer):
+    """Multi-head minGRU whose transition is a full, input-dependent ``k x k`` matrix per head.
+
+    Per head: ``M_t = reshape(Lm x_t)`` (k x k), ``z_t = sigmoid(Lz x_t)`` (a scalar),
+    ``A_t = (1 - z_t) M_t / max(1, sqrt(||M_t||_1 ||M_t||_inf))``, ``B_t = z_t key_t value_t^T`` and
+    ``H_t = A_t H_{t-1} + B_t`` with ``H`` of shape ``(k, v)``; the read-out is ``q_t^T H_t``.
+    ``sqrt(||M||_1 ||M||_inf)`` bounds the spectral norm of ``M``, so ``||A_t||_2 <= 1 - z_t < 1`` and the
+    recurrence is stable; signed permutation matrices have bound 1 and pass through unscaled, so the layer
+    can represent permutations (state tracking beyond diagonal RNNs). The bias of ``Lm`` starts at the
+    identity, so a fresh layer carries its state forward. State ``(B, heads, k, v)``.
+
+    Args:
+        dim: model width (input and output features).
+        heads: number of heads n.
+        head_dim: k, the key size and the transition size.
+        value_dim: v, the value size (default ``head_dim``).
+
+    Raises:
+        ValueError: an argument that is not a positive int.
+    """
+
+    def __init__(self, dim: int, *, heads: int = 4, head_dim: int = 8, value_dim: int | None = None) -> None:
+        super().__init__(dim, heads, head_dim, value_dim, transition_width=head_dim * head_dim + 1)
+        k = self.head_dim
+        with torch.no_grad():
+            self.proj_in.bias.view(self.heads, -1)[:, : k * k] = torch.eye(k).flatten()
+
+    def _transition(self, transition: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        k = self.head_dim
+        m = transition[..., : k * k].unflatten(-1, (k, k))
+        pre_z = transition[..., k * k]
+        bound = (torch.linalg.matrix_norm(m, ord=1) * torch.linalg.matrix_norm(m, ord=float("inf"))).clamp(
+            min=1
+        )
+        a = (torch.sigmoid(-pre_z) / bound.sqrt())[..., None, None] * m
+        b = torch.sigmoid(pre_z)[..., None, None] * key[..., :, None] * value[..., None, :]
+        return a, b
+
+    def _scan(self, a: Tensor, b: Tensor, h0: Tensor | None) -> Tensor:
+        return affine_recurrence(a, b, h0)
+
+    def _apply_transition(self, a: Tensor, h: Tensor) -> Tensor:
+        return a @ h
