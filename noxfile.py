@@ -31,7 +31,8 @@ RUFF = "ruff==0.17.6"
 DEFAULT_TORCH = "2.13.0"
 # The Triton release that goes with each supported torch release. CUDA wheels of torch pin it
 # themselves (torch 2.8.0 pins triton 3.4.0); CPU wheels bring none, so it is always named here.
-TRITON_FOR_TORCH = {"2.13.0": "triton==3.9.0", "2.8.0": "triton==3.4.0"}
+# 2.11.0 is the release on the GPU machines the kernels are measured on.
+TRITON_FOR_TORCH = {"2.13.0": "triton==3.9.0", "2.11.0": "triton==3.6.0", "2.8.0": "triton==3.4.0"}
 HATCHLING = "hatchling>=1.24"
 EDITABLE_BUILD_TOOLS = (HATCHLING, "editables")
 

@@ -13,6 +13,15 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _HALF else dtype
 
 
+def cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` in ``dtype``: ``x`` itself when it already has it, else a converted copy.
+
+    ``Tensor.to`` with the tensor's own dtype returns an alias; returned from an autograd Function's
+    forward, such an alias makes torch 2.11's torch.compile compute wrong input gradients.
+    """
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def check_float_tensor(name: str, value: object, rank: int, layout: str) -> Tensor:
     """Check that ``value`` is a floating tensor of ``rank`` dims; ``layout`` names the dims ("(B, T, D)")."""
     if not isinstance(value, Tensor):

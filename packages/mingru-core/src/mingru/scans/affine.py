@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
+from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
 from mingru.scans._scan import matmul_add, scan_maps, shift_in, shift_out
 
 
@@ -32,7 +32,7 @@ def affine_scan_fwd_ref(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     """
     work = compute_dtype(A.dtype)
     Abar, Bbar = scan_maps(A.to(work), Bm.to(work), torch.matmul, matmul_add)
-    return Abar.to(A.dtype), Bbar.to(A.dtype)
+    return cast(Abar, A.dtype), cast(Bbar, A.dtype)
 
 
 def affine_scan_bwd_ref(

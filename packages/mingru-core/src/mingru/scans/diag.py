@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
+from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
 from mingru.scans._scan import mul, mul_add, row_mul_add, scan_maps, shift_in, shift_out
 
 
@@ -29,7 +29,7 @@ def diag_scan_fwd_ref(a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     """
     work = compute_dtype(a.dtype)
     abar, Bbar = scan_maps(a.to(work), Bm.to(work), mul, row_mul_add)
-    return abar.to(a.dtype), Bbar.to(a.dtype)
+    return cast(abar, a.dtype), cast(Bbar, a.dtype)
 
 
 def diag_scan_bwd_ref(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
+from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
 from mingru.scans._scan import mul, mul_add, scan_maps, shift_in, shift_out
 
 
@@ -29,7 +29,7 @@ def linear_scan_fwd_ref(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """
     work = compute_dtype(a.dtype)
     A, Bc = scan_maps(a.to(work), b.to(work), mul, mul_add)
-    return A.to(a.dtype), Bc.to(a.dtype)
+    return cast(A, a.dtype), cast(Bc, a.dtype)
 
 
 def linear_scan_bwd_ref(

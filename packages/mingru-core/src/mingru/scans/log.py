@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
+from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
 from mingru.scans._scan import add, log_mul_add, mul, mul_add, scan_maps, shift_out
 
 
@@ -33,7 +33,7 @@ def parallel_scan_log_fwd_ref(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
     work = compute_dtype(log_coeffs.dtype)
     coef = torch.cat((torch.zeros_like(log_values[:, :1], dtype=work), log_coeffs.to(work)), dim=1)
     _, log_h = scan_maps(coef, log_values.to(work), add, log_mul_add)
-    return log_h[:, 1:].exp().to(log_coeffs.dtype)
+    return cast(log_h[:, 1:].exp(), log_coeffs.dtype)
 
 
 def parallel_scan_log_bwd_ref(
