@@ -8,12 +8,15 @@ returns the composition of maps t..T. Hillis-Steele doubling: ceil(log2 T) vecto
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 Compose = Callable[[Tensor, Tensor], Tensor]
 Push = Callable[[Tensor, Tensor, Tensor], Tensor]
+PairForward = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+PairBackward = Callable[[Tensor, Tensor, Tensor, Any, Any], tuple[Tensor, Tensor]]
 
 
 def scan_maps(
@@ -81,3 +84,30 @@ def matmul_add(outer: Tensor, inner_val: Tensor, outer_val: Tensor) -> Tensor:
 def log_mul_add(outer: Tensor, inner_val: Tensor, outer_val: Tensor) -> Tensor:
     """Log-space map: log(exp(outer + inner_val) + exp(outer_val))."""
     return torch.logaddexp(outer + inner_val, outer_val)
+
+
+def pair_scan_function(
+    name: str, forward: PairForward, backward: PairBackward
+) -> type[torch.autograd.Function]:
+    """An autograd Function for a scan (x, y) -> (X, Y) whose adjoint reads (x, X, Y, gX, gY) -> (dx, dy).
+
+    It saves only x and the two outputs; an output whose grad is not needed reaches ``backward`` as None.
+    """
+
+    class PairScan(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, first: Tensor, second: Tensor) -> tuple[Tensor, Tensor]:
+            out_first, out_second = forward(first, second)
+            ctx.save_for_backward(first, out_first, out_second)
+            ctx.set_materialize_grads(False)
+            return out_first, out_second
+
+        @staticmethod
+        def backward(
+            ctx: Any, grad_first: Tensor | None, grad_second: Tensor | None
+        ) -> tuple[Tensor, Tensor]:
+            first, out_first, out_second = ctx.saved_tensors
+            return backward(first, out_first, out_second, grad_first, grad_second)
+
+    PairScan.__name__ = PairScan.__qualname__ = name
+    return PairScan

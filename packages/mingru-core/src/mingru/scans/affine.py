@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
-from mingru.scans._scan import matmul_add, scan_maps, shift_in, shift_out
+from mingru.scans._scan import matmul_add, pair_scan_function, scan_maps, shift_in, shift_out
 
 
 def check_affine_inputs(A: object, Bm: object) -> None:
@@ -58,18 +58,7 @@ def affine_scan_bwd_ref(
     return dA.to(A.dtype), dB.to(A.dtype)
 
 
-class _AffineScanRef(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
-        Abar, Bbar = affine_scan_fwd_ref(A, Bm)
-        ctx.save_for_backward(A, Abar, Bbar)
-        ctx.set_materialize_grads(False)
-        return Abar, Bbar
-
-    @staticmethod
-    def backward(ctx, gAbar: Tensor | None, gBbar: Tensor | None) -> tuple[Tensor, Tensor]:
-        A, Abar, Bbar = ctx.saved_tensors
-        return affine_scan_bwd_ref(A, Abar, Bbar, gAbar, gBbar)
+_AffineScanRef = pair_scan_function("AffineScanRef", affine_scan_fwd_ref, affine_scan_bwd_ref)
 
 
 def _affine_scan(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
-from mingru.scans._scan import mul, mul_add, row_mul_add, scan_maps, shift_in, shift_out
+from mingru.scans._scan import mul, mul_add, pair_scan_function, row_mul_add, scan_maps, shift_in, shift_out
 
 
 def check_diag_inputs(a: object, Bm: object) -> None:
@@ -53,18 +53,7 @@ def diag_scan_bwd_ref(
     return da.to(a.dtype), dB.to(a.dtype)
 
 
-class _DiagScanRef(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
-        abar, Bbar = diag_scan_fwd_ref(a, Bm)
-        ctx.save_for_backward(a, abar, Bbar)
-        ctx.set_materialize_grads(False)
-        return abar, Bbar
-
-    @staticmethod
-    def backward(ctx, gabar: Tensor | None, gBbar: Tensor | None) -> tuple[Tensor, Tensor]:
-        a, abar, Bbar = ctx.saved_tensors
-        return diag_scan_bwd_ref(a, abar, Bbar, gabar, gBbar)
+_DiagScanRef = pair_scan_function("DiagScanRef", diag_scan_fwd_ref, diag_scan_bwd_ref)
 
 
 def _diag_scan(a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:

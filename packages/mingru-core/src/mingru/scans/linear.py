@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
-from mingru.scans._scan import mul, mul_add, scan_maps, shift_in, shift_out
+from mingru.scans._scan import mul, mul_add, pair_scan_function, scan_maps, shift_in, shift_out
 
 
 def check_linear_inputs(a: object, b: object) -> None:
@@ -54,18 +54,7 @@ def linear_scan_bwd_ref(
     return da.to(a.dtype), db.to(a.dtype)
 
 
-class _LinearScanRef(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-        A, Bc = linear_scan_fwd_ref(a, b)
-        ctx.save_for_backward(a, A, Bc)
-        ctx.set_materialize_grads(False)
-        return A, Bc
-
-    @staticmethod
-    def backward(ctx, gA: Tensor | None, gBc: Tensor | None) -> tuple[Tensor, Tensor]:
-        a, A, Bc = ctx.saved_tensors
-        return linear_scan_bwd_ref(a, A, Bc, gA, gBc)
+_LinearScanRef = pair_scan_function("LinearScanRef", linear_scan_fwd_ref, linear_scan_bwd_ref)
 
 
 def _linear_scan(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
