@@ -18,7 +18,7 @@ import nox
 nox.needs_version = ">=2024.4.15"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_external_run = True
-nox.options.sessions = ["lint", "tests(torch='2.13.0')", "core_only", "build"]
+nox.options.sessions = ["lint", "typecheck", "tests(torch='2.13.0')", "core_only", "build"]
 
 ROOT = Path(__file__).resolve().parent
 PACKAGES = {name: ROOT / "packages" / name for name in ("mingru-core", "mingru-triton", "mingru-compile")}
@@ -28,6 +28,7 @@ DIST = ROOT / "dist"
 REPORTS = ROOT / ".nox" / "_reports"
 
 RUFF = "ruff==0.17.6"
+MYPY = "mypy==2.4.1"
 DEFAULT_TORCH = "2.13.0"
 # The Triton release that goes with each supported torch release. CUDA wheels of torch pin it
 # themselves (torch 2.8.0 pins triton 3.4.0); CPU wheels bring none, so it is always named here.
@@ -88,6 +89,13 @@ def lint(session: nox.Session) -> None:
     session.install(RUFF)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the three packages' sources, with the settings of the root pyproject.toml."""
+    session.install(MYPY, f"torch=={DEFAULT_TORCH}", "numpy")
+    session.run("mypy")
 
 
 @nox.session
