@@ -11,7 +11,7 @@ from mingru import dispatch, explain_scan, linear_scan, parallel_scan_log, trito
 from mingru.scans import affine_scan_ref, angle_scan_ref, default_angle_layout, diag_scan_ref
 
 pytestmark = [
-    pytest.mark.gpu,
+    pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 

@@ -1,0 +1,58 @@
+"""Plumbing shared by every kernel family: one launch helper, dtype rules and cheap input checks.
+
+Every ``torch.library.triton_op`` body here is ``.contiguous()`` + ``empty_like``/``zeros_like`` + one
+:func:`launch`. Under ``torch.compile`` and fake tensors the launch goes through ``wrap_triton`` so the op
+traces into one graph node; real CPU tensors under ``TRITON_INTERPRET=1`` call the kernel directly, since
+torch releases before 2.13 refuse interpreted kernels inside ``wrap_triton``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import wrap_triton
+
+from mingru.dispatch import ScanFallback, interpret_requested
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _direct(args: Sequence[Any]) -> bool:
+    if not interpret_requested():
+        return False
+    for arg in args:
+        if isinstance(arg, Tensor):
+            return arg.device.type == "cpu" and not is_fake(arg)
+    return False
+
+
+Grid = tuple[int, ...] | Callable[..., tuple[int, ...]]
+
+
+def launch(kernel: Any, grid: Grid, *args: Any, **meta: Any) -> None:
+    """Launch a ``@triton.jit`` ``kernel`` on ``grid``: through ``wrap_triton`` (traceable), or directly
+    for real CPU tensors under the Triton interpreter."""
+    if _direct(args):
+        kernel[grid](*args, **meta)
+    else:
+        wrap_triton(kernel)[grid](*args, **meta)
+
+
+def is_fp64(x: Tensor) -> int:
+    """1 when ``x`` is float64 (the kernel then accumulates in float64), else 0 (float32 accumulation)."""
+    return int(x.dtype == torch.float64)
+
+
+def ensure(condition: bool, message: str) -> None:
+    """Raise ``ScanFallback(message)`` unless ``condition``: the envelope check of the SCAN_IMPLS wrappers."""
+    if not condition:
+        raise ScanFallback(message)
+
+
+def on_kernel_device(x: Tensor) -> bool:
+    """Whether a kernel can take ``x``: a CUDA tensor, or a CPU tensor under ``TRITON_INTERPRET=1``."""
+    return x.device.type == "cuda" or (x.device.type == "cpu" and interpret_requested())
