@@ -155,6 +155,27 @@ def build(session: nox.Session) -> None:
     session.run("python", "-c", BUILD_SMOKE)
 
 
+WHEELS = ROOT / ".whl"
+
+
+@nox.session
+def gpu_wheels(session: nox.Session) -> None:
+    """Build the three wheels into .whl/ for scripts/gpu_tests.sh on a CUDA machine without network."""
+    session.install("build", HATCHLING)
+    shutil.rmtree(WHEELS, ignore_errors=True)
+    for package in PACKAGES.values():
+        command = ("python", "-m", "build", "--wheel", "--no-isolation")
+        session.run(*command, "--outdir", str(WHEELS), str(package))
+    session.log(f"wheels in {WHEELS}; on the CUDA machine run: scripts/gpu_tests.sh")
+
+
+@nox.session(python=False)
+def gpu_tests(session: nox.Session) -> None:
+    """On a CUDA machine: the wheels of .whl/ installed into a private folder, then every test that does not
+    need the interpreter, CUDA tests included, against the machine's own python, torch and triton."""
+    session.run("bash", str(ROOT / "scripts" / "gpu_tests.sh"), *session.posargs, external=True)
+
+
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the documentation site with mkdocs --strict into site/."""

@@ -113,6 +113,12 @@ def _kernel_for(op: str) -> Callable[..., Any] | None:
     return backend.SCAN_IMPLS.get(op)
 
 
+def _recurrence_kernel_for(op: str) -> Callable[..., Any] | None:
+    """The plugin's fused-initial-state kernel for ``op`` (``RECURRENCE_IMPLS``; optional in a plugin)."""
+    impls = getattr(_backend(), "RECURRENCE_IMPLS", None)
+    return impls.get(op) if isinstance(impls, dict) else None
+
+
 @_constant_under_compile
 def _warn_once(op: str, reason: str) -> bool:
     """Warn once per (op, reason) that a scan runs its reference; runs at trace time under torch.compile."""
@@ -193,6 +199,42 @@ def _dispatch_scan(op: str, *args: Tensor) -> Any:
     check, _ = _REFERENCES[op]
     check(*args)
     return _run(op, args[0].device, args, {})
+
+
+def _dispatch_recurrence(
+    op: str, compose: Callable[..., Tensor], coeffs: Tensor, values: Tensor, h0: Tensor | None
+) -> Tensor:
+    """The states of recurrence ``op`` from an initial state: the layers' path.
+
+    Where the scan ``op`` would run its kernel and the plugin has a fused kernel for the recurrence
+    (``RECURRENCE_IMPLS[op](coeffs, values, h0)``, the initial state inside the kernel and only the states
+    written), that kernel runs; otherwise ``compose(scan, coeffs, values, h0)`` builds the states from the
+    dispatched scan ``scan``. ``MINGRU_SCAN`` rules as for the scans: a ``ScanFallback`` of the fused kernel
+    warns once (``auto``) and composes from the eager reference, or raises ``RuntimeError`` (``triton``).
+    The inputs must already be validated; ``h0`` None means zeros.
+    """
+    mode = scan_mode()
+    choice = _choose(op, coeffs.device.type, mode)
+    kernel = _recurrence_kernel_for(op) if choice.impl == "triton" else None
+    if kernel is None:
+        return compose(lambda *args: _run(op, coeffs.device, args, {}), coeffs, values, h0)
+    state = h0 if h0 is not None else values.new_zeros(_state_shape(op, values))
+    try:
+        return kernel(coeffs, values, state)
+    except ScanFallback as exc:
+        reason = exc.args[0] if exc.args else "the kernel declined the call"
+        if mode == "triton":
+            message = f"{ENV_VAR}=triton: the Triton {op!r} recurrence declined the call: {reason}"
+            raise RuntimeError(message) from exc
+        _warn_once(op, reason)
+    return compose(_REFERENCES[op][1], coeffs, values, h0)
+
+
+def _state_shape(op: str, values: Tensor) -> tuple[int, ...]:
+    """The initial-state shape of recurrence ``op`` for its ``values`` input: (B, D) or (B, n, k, v)."""
+    if op in ("log", "linear"):
+        return (values.shape[0], values.shape[2])
+    return (values.shape[0], *values.shape[2:])
 
 
 def _dispatch_angle_scan(

@@ -7,12 +7,20 @@ size, v value columns, R rotation layers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from mingru._checks import check_float_tensor, check_shape, compute_dtype
-from mingru.dispatch import _dispatch_angle_scan, _dispatch_scan
+from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
+from mingru.dispatch import _dispatch_angle_scan, _dispatch_recurrence, _dispatch_scan
+from mingru.scans.affine import check_affine_inputs
+from mingru.scans.diag import check_diag_inputs
+from mingru.scans.linear import check_linear_inputs
 from mingru.scans.log import safe_log
+
+ScanFn = Callable[..., Any]
 
 __all__ = [
     "_dispatch_angle_scan",
@@ -98,13 +106,18 @@ def log_recurrence(log_coeffs: Tensor, log_b: Tensor, h0: Tensor | None = None) 
     log_coeffs = check_float_tensor("log_coeffs", log_coeffs, 3, "(B, T, D)")
     log_b = check_float_tensor("log_b", log_b, 3, "(B, T, D)")
     check_shape("log_b", log_b, tuple(log_coeffs.shape), "like log_coeffs (B, T, D)")
-    batch, _, width = log_coeffs.shape
+    check_same_device_dtype({"log_coeffs": log_coeffs, "log_b": log_b})
+    if h0 is not None:
+        h0 = _check_state("h0", h0, (log_coeffs.shape[0], log_coeffs.shape[2]), "(B, D)", log_coeffs)
+    return _dispatch_recurrence("log", _compose_log, log_coeffs, log_b, h0)
+
+
+def _compose_log(scan: ScanFn, log_coeffs: Tensor, log_b: Tensor, h0: Tensor | None) -> Tensor:
     if h0 is None:
         log_h0 = torch.full_like(log_coeffs[:, :1], float("-inf"))
-        return parallel_scan_log(log_coeffs, torch.cat((log_h0, log_b), dim=1))
-    h0 = _check_state("h0", h0, (batch, width), "(B, D)", log_coeffs)
+        return scan(log_coeffs, torch.cat((log_h0, log_b), dim=1))
     log_h0 = safe_log(h0).unsqueeze(1)
-    h = parallel_scan_log(log_coeffs, torch.cat((log_h0, log_b), dim=1))
+    h = scan(log_coeffs, torch.cat((log_h0, log_b), dim=1))
     negative = h0.clamp(max=0).unsqueeze(1)
     decay = torch.cumsum(log_coeffs, dim=1, dtype=compute_dtype(log_coeffs.dtype)).exp()
     return h + decay.to(h.dtype) * negative
@@ -112,30 +125,42 @@ def log_recurrence(log_coeffs: Tensor, log_b: Tensor, h0: Tensor | None = None) 
 
 def linear_recurrence(a: Tensor, b: Tensor, h0: Tensor | None = None) -> Tensor:
     """h_t = a_t h_{t-1} + b_t from h0 (B, D) (None: zeros); a, b (B, T, D) -> h (B, T, D)."""
-    A, Bc = linear_scan(a, b)
-    if h0 is None:
-        return Bc
-    h0 = _check_state("h0", h0, (a.shape[0], a.shape[2]), "(B, D)", a)
-    return torch.addcmul(Bc, A, h0.unsqueeze(1))
+    check_linear_inputs(a, b)
+    if h0 is not None:
+        h0 = _check_state("h0", h0, (a.shape[0], a.shape[2]), "(B, D)", a)
+    return _dispatch_recurrence("linear", _compose_linear, a, b, h0)
+
+
+def _compose_linear(scan: ScanFn, a: Tensor, b: Tensor, h0: Tensor | None) -> Tensor:
+    A, Bc = scan(a, b)
+    return Bc if h0 is None else torch.addcmul(Bc, A, h0.unsqueeze(1))
 
 
 def affine_recurrence(A: Tensor, Bm: Tensor, H0: Tensor | None = None) -> Tensor:
     """H_t = A_t H_{t-1} + B_t from H0 (B, n, k, v) (None: zeros); A (B, T, n, k, k), Bm (B, T, n, k, v)
     -> H (B, T, n, k, v)."""
-    Abar, Bbar = affine_scan(A, Bm)
-    if H0 is None:
-        return Bbar
-    batch, _, heads, k, v = Bm.shape
-    H0 = _check_state("H0", H0, (batch, heads, k, v), "(B, n, k, v)", Bm)
-    return Bbar + torch.matmul(Abar, H0.unsqueeze(1))
+    check_affine_inputs(A, Bm)
+    if H0 is not None:
+        batch, _, heads, k, v = Bm.shape
+        H0 = _check_state("H0", H0, (batch, heads, k, v), "(B, n, k, v)", Bm)
+    return _dispatch_recurrence("affine", _compose_affine, A, Bm, H0)
+
+
+def _compose_affine(scan: ScanFn, A: Tensor, Bm: Tensor, H0: Tensor | None) -> Tensor:
+    Abar, Bbar = scan(A, Bm)
+    return Bbar if H0 is None else Bbar + torch.matmul(Abar, H0.unsqueeze(1))
 
 
 def diag_recurrence(a: Tensor, Bm: Tensor, H0: Tensor | None = None) -> Tensor:
     """H_t = diag(a_t) H_{t-1} + B_t from H0 (B, n, k, v) (None: zeros); a (B, T, n, k), Bm (B, T, n, k, v)
     -> H (B, T, n, k, v)."""
-    abar, Bbar = diag_scan(a, Bm)
-    if H0 is None:
-        return Bbar
-    batch, _, heads, k, v = Bm.shape
-    H0 = _check_state("H0", H0, (batch, heads, k, v), "(B, n, k, v)", Bm)
-    return torch.addcmul(Bbar, abar.unsqueeze(-1), H0.unsqueeze(1))
+    check_diag_inputs(a, Bm)
+    if H0 is not None:
+        batch, _, heads, k, v = Bm.shape
+        H0 = _check_state("H0", H0, (batch, heads, k, v), "(B, n, k, v)", Bm)
+    return _dispatch_recurrence("diag", _compose_diag, a, Bm, H0)
+
+
+def _compose_diag(scan: ScanFn, a: Tensor, Bm: Tensor, H0: Tensor | None) -> Tensor:
+    abar, Bbar = scan(a, Bm)
+    return Bbar if H0 is None else torch.addcmul(Bbar, abar.unsqueeze(-1), H0.unsqueeze(1))

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run every package's tests on a CUDA machine from a source checkout, with no network there.
+#
+# The wheels are built on any machine with the network (`nox -s gpu_wheels`, or
+# `python -m pip wheel --no-deps -w .whl packages/mingru-*`) and copied along with the checkout. This script
+# installs them with --no-index --no-deps into a private folder (the entry points of the plugin keep working;
+# a bare PYTHONPATH to src/ would lose them) and runs pytest over the tests against the machine's own torch and
+# triton, CUDA tests included and interpreter tests excluded.
+#
+# Usage: scripts/gpu_tests.sh [pytest arguments...]
+# Environment: WHEELS (default .whl), PYTHON (default python3), SITE (install folder, default a new temp dir).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+wheels=${WHEELS:-.whl}
+python=${PYTHON:-python3}
+site=${SITE:-$(mktemp -d)}
+
+shopt -s nullglob
+found=("$wheels"/mingru_core-*.whl "$wheels"/mingru_triton-*.whl "$wheels"/mingru_compile-*.whl)
+if [ "${#found[@]}" -ne 3 ]; then
+    echo "gpu_tests.sh: expected the three mingru wheels in $wheels, found: ${found[*]:-none}" >&2
+    echo "build them with: nox -s gpu_wheels" >&2
+    exit 2
+fi
+"$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${found[@]}"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET MINGRU_SCAN
+
+"$python" - <<'PY'
+import torch, triton, mingru, mingru_triton
+assert torch.cuda.is_available(), "gpu_tests.sh needs a CUDA device"
+print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
+print(f"mingru {mingru.__version__} from {mingru.__file__}; triton_scans.available(): {mingru.triton_scans.available()}")
+PY
+exec "$python" -m pytest -p no:cacheprovider -m "not interpret" packages/mingru-core/tests \
+    packages/mingru-triton/tests packages/mingru-compile/tests "$@"
