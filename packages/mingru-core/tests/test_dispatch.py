@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mingru import ScanFallback, dispatch, explain_scan, linear_scan, scan_mode, triton_scans
-from mingru.min_gru import _dispatch_scan, angle_scan
+from mingru.min_gru import _dispatch_scan, angle_scan, linear_recurrence
 from mingru.scans import default_angle_layout, linear_scan_ref
 
 
@@ -238,3 +238,85 @@ def test_trace_time_constants_carry_the_marker_torch_compile_reads():
     marker = next(name for name in vars(reference) if "constant" in name)
     assert getattr(dispatch._backend_status, marker) is True
     assert getattr(dispatch._warn_once, marker) is True
+
+
+# -- the recurrences (the layers' path): the fused kernel of RECURRENCE_IMPLS, else the composed scan --------
+
+
+class StateKernel:
+    """A stand-in fused kernel: records (coeffs, values, h0), returns a constant (or declines)."""
+
+    def __init__(self, decline: str | None = None):
+        self.calls: list[tuple] = []
+        self.decline = decline
+
+    def __call__(self, coeffs, values, h0):
+        self.calls.append((coeffs, values, h0))
+        if self.decline is not None:
+            raise ScanFallback(self.decline)
+        return torch.full_like(values, 5.0)
+
+
+def _recurrence_plugin(scan=None, fused=None):
+    plugin = _plugin(impls={"linear": scan or Recorder()})
+    if fused is not None:
+        plugin.RECURRENCE_IMPLS = {"linear": fused}
+    return plugin
+
+
+def test_recurrence_runs_the_fused_kernel_with_a_zero_state_for_none(monkeypatch):
+    fused = StateKernel()
+    _use(monkeypatch, _recurrence_plugin(fused=fused), interpret=True)
+    a, b = _ab()
+    assert torch.equal(linear_recurrence(a, b), torch.full_like(b, 5.0))
+    ((_, _, h0),) = fused.calls
+    assert torch.equal(h0, torch.zeros(2, 3))
+    h0 = torch.randn(2, 3)
+    linear_recurrence(a, b, h0)
+    assert torch.equal(fused.calls[-1][2], h0)
+
+
+def test_recurrence_without_a_fused_kernel_composes_the_dispatched_scan(monkeypatch):
+    scan = Recorder()
+    _use(monkeypatch, _recurrence_plugin(scan=scan), interpret=True)
+    a, b = _ab()
+    h0 = torch.randn(2, 3)
+    expected = torch.full_like(b, 7.0) + torch.full_like(a, 7.0) * h0.unsqueeze(1)
+    torch.testing.assert_close(linear_recurrence(a, b, h0), expected)
+    assert len(scan.calls) == 1
+
+
+def test_recurrence_fallback_warns_once_under_auto_and_matches_the_reference(monkeypatch):
+    fused, scan = StateKernel(decline="too wide"), Recorder()
+    _use(monkeypatch, _recurrence_plugin(scan=scan, fused=fused), interpret=True)
+    a, b = _ab()
+    h0 = torch.randn(2, 3)
+    A, Bc = linear_scan_ref(a, b)
+    with pytest.warns(RuntimeWarning, match="'linear' scan runs its eager reference: too wide"):
+        out = linear_recurrence(a, b, h0)
+    torch.testing.assert_close(out, Bc + A * h0.unsqueeze(1))
+    assert scan.calls == [], "after a fused-kernel fallback the reference runs, not the scan kernel"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        linear_recurrence(a, b, h0)
+
+
+def test_recurrence_fallback_is_an_error_under_triton(monkeypatch):
+    _use(
+        monkeypatch, _recurrence_plugin(fused=StateKernel(decline="too wide")), mode="triton", interpret=True
+    )
+    a, b = _ab()
+    with pytest.raises(
+        RuntimeError, match="MINGRU_SCAN=triton: the Triton 'linear' recurrence declined the call: too wide"
+    ):
+        linear_recurrence(a, b)
+
+
+def test_recurrence_under_eager_never_calls_a_kernel(monkeypatch):
+    fused, scan = StateKernel(), Recorder()
+    _use(monkeypatch, _recurrence_plugin(scan=scan, fused=fused), mode="eager", interpret=True)
+    a, b = _ab()
+    h0 = torch.randn(2, 3)
+    A, Bc = linear_scan_ref(a, b)
+    torch.testing.assert_close(linear_recurrence(a, b, h0), Bc + A * h0.unsqueeze(1))
+    assert fused.calls == [] and scan.calls == []
