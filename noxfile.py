@@ -34,6 +34,9 @@ DEFAULT_TORCH = "2.13.0"
 # themselves (torch 2.8.0 pins triton 3.4.0); CPU wheels bring none, so it is always named here.
 # 2.11.0 is the release on the GPU machines the kernels are measured on.
 TRITON_FOR_TORCH = {"2.13.0": "triton==3.9.0", "2.11.0": "triton==3.6.0", "2.8.0": "triton==3.4.0"}
+# The interpreters of triton 3.4 and 3.6 pass integer kernel arguments as 1-element arrays, which numpy 2.4
+# no longer converts to Python ints (any `range()` over a runtime bound fails there); numpy 2.3 works.
+NUMPY_FOR_TORCH = {"2.13.0": "numpy", "2.11.0": "numpy<2.4", "2.8.0": "numpy<2.4"}
 HATCHLING = "hatchling>=1.24"
 EDITABLE_BUILD_TOOLS = (HATCHLING, "editables")
 
@@ -108,7 +111,7 @@ def tests(session: nox.Session, torch: str) -> None:
     ``--`` go to both pytest runs (paths given there replace the default test folders).
     """
     session.install(f"torch=={torch}", TRITON_FOR_TORCH[torch])
-    session.install("pytest", "numpy", *EDITABLE_BUILD_TOOLS)
+    session.install("pytest", NUMPY_FOR_TORCH[torch], *EDITABLE_BUILD_TOOLS)
     session.install(
         "--no-build-isolation", "--no-deps", *(arg for p in PACKAGES.values() for arg in ("-e", str(p)))
     )
