@@ -1,0 +1,568 @@
+"""Triton kernels for the k = 1 linear scan h_t = a_t h_{t-1} + b_t (also the engine of the diagonal scan).
+
+Layout: the coefficient ``a`` is (R, L, DJ) ("a-like"), the values ``b`` are (R, L, DJ * V) ("b-like"), and
+value channel ``c`` uses coefficient channel ``c // V`` (V = 1 for the linear scan, V = v for the diagonal
+scan, so ``a`` is never expanded). One kernel, :func:`_scan_kernel`, walks the time steps of a row in tiles
+of (BLOCK_T, BLOCK_J, BLOCK_V), scans each tile with ``tl.associative_scan`` and carries the last state. It
+runs two recurrences that share the coefficient: an a-like state X (the running product A_t, or an adjoint
+of it) and the b-like state H.
+
+Strategies (chosen by :func:`scan_plan`, forced in tests by :func:`force_strategy`):
+
+- ``sequential``: one program per (row, channel block) walks all of T. Chosen when those programs fill the
+  GPU, or when T is short.
+- ``chunked`` (T-parallel, three launches): (1) each (row, chunk, channel block) writes the chunk's
+  summary: the product of its coefficients and its end state from a zero carry; (2) the same kernel runs the
+  recurrence over the chunk summaries, giving every chunk's carry-in; (3) each chunk replays from its carry-in
+  and writes the outputs.
+
+The backward kernel walks the other way with the coefficient of the next step (g_t = gh_t + a_{t+1} g_{t+1})
+and forms da from the stored states of the forward: no division by ``a``, so ``a`` may be 0.
+"""
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op
+
+from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
+from mingru_triton._launch import is_fp64, launch, on_kernel_device
+
+__all__ = [
+    "force_strategy",
+    "linear_envelope",
+    "linear_recurrence_bwd",
+    "linear_recurrence_fwd",
+    "linear_scan_bwd",
+    "linear_scan_fwd",
+    "scan_plan",
+]
+
+
+@triton.jit
+def _compose(a1, h1, a2, h2):
+    """Map (a2, h2) after map (a1, h1): x -> a2 (a1 x + h1) + h2."""
+    return a1 * a2, a2 * h1 + h2
+
+
+@triton.jit
+def _acc(x, FP64: tl.constexpr):
+    """``x`` in the accumulation type: float64 for float64 inputs, float32 otherwise."""
+    y = x.to(tl.float64) if FP64 else x.to(tl.float32)
+    return y
+
+
+@triton.jit
+def _scan_kernel(
+    coef_ptr,
+    u_ptr,
+    ux_ptr,
+    init_ptr,
+    hcarry_ptr,
+    xcarry_ptr,
+    hout_ptr,
+    xout_ptr,
+    pout_ptr,
+    prevh_ptr,
+    prevx_ptr,
+    prev0_ptr,
+    da_ptr,
+    dinit_ptr,
+    L,
+    DJ,
+    V,
+    CHUNK,
+    NC,
+    NJB,
+    WALK_REV: tl.constexpr,
+    SHIFT: tl.constexpr,
+    SUMMARY: tl.constexpr,
+    CARRY: tl.constexpr,
+    HAS_UX: tl.constexpr,
+    X_ONE: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    WRITE_X: tl.constexpr,
+    WRITE_H: tl.constexpr,
+    DA: tl.constexpr,
+    PREV_X: tl.constexpr,
+    HAS_PREV0: tl.constexpr,
+    DINIT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    FP64: tl.constexpr,
+):
+    """One program: row r, chunk c (walk steps [c CHUNK, (c + 1) CHUNK) of L), channel block jb.
+
+    Walk step s sits at time s (or L - 1 - s when WALK_REV). Its coefficient is ``coef`` at that time, or
+    (SHIFT) at the time of the previous walk step, 0 before the first. X_s = a X_{s-1} + ux_s (ux = 0 unless
+    HAS_UX; X starts at 1 when X_ONE, else 0) and H_s = a H_{s-1} + u_s (H starts at ``init`` or 0). CARRY:
+    chunk c > 0 starts from the phase-2 carries at c - 1. SUMMARY: write only the chunk's coefficient product
+    and end states from zero. DA: da = sum_v H * Hprev + X * Xprev, with Hprev/Xprev the stored forward
+    states one step into the forward's past (``prev0`` or 0, and 1, before the first). DINIT: d(init) =
+    a_first * H after the last step.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    jb = pid % NJB
+    rc = pid // NJB
+    c = rc % NC
+    r = rc // NC
+    DV = DJ * V
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    offs_v = tl.arange(0, BLOCK_V)
+    mask_j = offs_j < DJ
+    mask_jv = mask_j[:, None] & (offs_v[None, :] < V)
+    ch = offs_j[:, None] * V + offs_v[None, :]
+    row_x = r * L * DJ
+    row_h = r * L * DV
+    lanes = tl.arange(0, BLOCK_T)
+    last2 = (lanes == BLOCK_T - 1)[:, None]
+    last3 = (lanes == BLOCK_T - 1)[:, None, None]
+
+    hc = _acc(tl.zeros((BLOCK_J, BLOCK_V), tl.float32), FP64)
+    xc = _acc(tl.zeros((BLOCK_J,), tl.float32), FP64)
+    pc = xc + 1.0
+    if not SUMMARY:
+        if X_ONE:
+            xc = xc + 1.0
+        if HAS_INIT:
+            hc = _acc(tl.load(init_ptr + r * DV + ch, mask=mask_jv, other=0.0), FP64)
+        if CARRY:
+            has_prev = (offs_j * 0 + c) > 0
+            hmask = mask_jv & has_prev[:, None]
+            hprev = tl.load(hcarry_ptr + (r * NC + c - 1) * DV + ch, mask=hmask, other=0.0)
+            xprev = tl.load(xcarry_ptr + (r * NC + c - 1) * DJ + offs_j, mask=mask_j & has_prev, other=0.0)
+            hc = tl.where(has_prev[:, None], _acc(hprev, FP64), hc)
+            xc = tl.where(has_prev, _acc(xprev, FP64), xc)
+    if HAS_PREV0:
+        h0 = _acc(tl.load(prev0_ptr + r * DV + ch, mask=mask_jv, other=0.0), FP64)
+
+    s_begin = c * CHUNK
+    s_end = tl.minimum(s_begin + CHUNK, L)
+    for s0 in range(s_begin, s_end, BLOCK_T):
+        steps = s0 + lanes
+        valid = steps < s_end
+        pos = L - 1 - steps if WALK_REV else steps
+        if SHIFT:
+            qpos = pos + 1 if WALK_REV else pos - 1
+            qok = valid & (qpos >= 0) & (qpos < L)
+        else:
+            qpos = pos
+            qok = valid
+        m2 = valid[:, None] & mask_j[None, :]
+        m3 = valid[:, None, None] & mask_jv[None, :, :]
+        off_q = row_x + qpos[:, None] * DJ + offs_j[None, :]
+        a2 = tl.load(coef_ptr + off_q, mask=qok[:, None] & mask_j[None, :], other=0.0)
+        a2 = tl.where(valid[:, None], _acc(a2, FP64), 1.0)
+        off3 = row_h + pos[:, None, None] * DV + ch[None, :, :]
+        u3 = _acc(tl.load(u_ptr + off3, mask=m3, other=0.0), FP64)
+        a3 = tl.broadcast_to(a2[:, :, None], (BLOCK_T, BLOCK_J, BLOCK_V))
+        p3, h3 = tl.associative_scan((a3, u3), 0, _compose)
+        h3 = h3 + p3 * hc[None, :, :]
+        if HAS_UX:
+            off2 = row_x + pos[:, None] * DJ + offs_j[None, :]
+            ux = _acc(tl.load(ux_ptr + off2, mask=m2, other=0.0), FP64)
+            p2, x2 = tl.associative_scan((a2, ux), 0, _compose)
+            x2 = x2 + p2 * xc[None, :]
+        else:
+            p2 = tl.cumprod(a2, 0)
+            x2 = p2 * xc[None, :]
+        hc = tl.sum(tl.where(last3, h3, 0.0), axis=0)
+        xc = tl.sum(tl.where(last2, x2, 0.0), axis=0)
+        if SUMMARY:
+            pc = pc * tl.sum(tl.where(last2, p2, 0.0), axis=0)
+        if WRITE_H:
+            tl.store(hout_ptr + off3, h3.to(hout_ptr.dtype.element_ty), mask=m3)
+        if WRITE_X:
+            off2w = row_x + pos[:, None] * DJ + offs_j[None, :]
+            tl.store(xout_ptr + off2w, x2.to(xout_ptr.dtype.element_ty), mask=m2)
+        if DA:
+            ppos = pos - 1 if WALK_REV else pos + 1
+            pok = valid & (ppos >= 0) & (ppos < L)
+            poff3 = row_h + ppos[:, None, None] * DV + ch[None, :, :]
+            hp = _acc(
+                tl.load(prevh_ptr + poff3, mask=pok[:, None, None] & mask_jv[None, :, :], other=0.0), FP64
+            )
+            if HAS_PREV0:
+                hp = tl.where(pok[:, None, None], hp, h0[None, :, :])
+            da = tl.sum(h3 * hp, axis=2)
+            if PREV_X:
+                poff2 = row_x + ppos[:, None] * DJ + offs_j[None, :]
+                xp = tl.load(prevx_ptr + poff2, mask=pok[:, None] & mask_j[None, :], other=1.0)
+                da = da + x2 * _acc(xp, FP64)
+            offda = row_x + pos[:, None] * DJ + offs_j[None, :]
+            tl.store(da_ptr + offda, da.to(da_ptr.dtype.element_ty), mask=m2)
+    if SUMMARY:
+        tl.store(hout_ptr + (r * NC + c) * DV + ch, hc.to(hout_ptr.dtype.element_ty), mask=mask_jv)
+        tl.store(pout_ptr + (r * NC + c) * DJ + offs_j, pc.to(pout_ptr.dtype.element_ty), mask=mask_j)
+        if HAS_UX:
+            tl.store(xout_ptr + (r * NC + c) * DJ + offs_j, xc.to(xout_ptr.dtype.element_ty), mask=mask_j)
+    if DINIT:
+        is_last = (offs_j * 0 + c) == NC - 1
+        first = 0 if WALK_REV else L - 1
+        a_first = tl.load(coef_ptr + row_x + first * DJ + offs_j, mask=mask_j & is_last, other=0.0)
+        dinit = _acc(a_first, FP64)[:, None] * hc
+        tl.store(
+            dinit_ptr + r * DV + ch, dinit.to(dinit_ptr.dtype.element_ty), mask=mask_jv & is_last[:, None]
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Heuristics
+# ---------------------------------------------------------------------------------------------------------
+
+MAX_V = 512
+"""Largest v (value columns sharing one coefficient) a program takes whole: the diagonal scan's limit."""
+
+_FORCED: list[tuple[str, int | None, int | None]] = []
+
+
+class ScanPlan(NamedTuple):
+    """Launch configuration: tile (BLOCK_T, BLOCK_J, BLOCK_V), warps, chunk length and counts."""
+
+    strategy: str
+    block_t: int
+    block_j: int
+    block_v: int
+    num_warps: int
+    chunk: int
+    num_chunks: int
+    num_jblocks: int
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (132, an H200, for CPU tensors under the interpreter)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 132
+
+
+@contextlib.contextmanager
+def force_strategy(name: str, chunk: int | None = None, block_t: int | None = None) -> Iterator[None]:
+    """Within the block, every k = 1 / diagonal scan uses strategy ``name`` ("sequential" or "chunked").
+
+    ``chunk`` sets the chunk length of the chunked strategy and ``block_t`` (a power of two) the time tile
+    (defaults: the heuristic's). For tests: small tiles give many tiles per row on small shapes.
+    """
+    if name not in ("sequential", "chunked"):
+        raise ValueError(f"strategy must be 'sequential' or 'chunked', got {name!r}")
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if block_t is not None and (block_t < 1 or block_t & (block_t - 1)):
+        raise ValueError(f"block_t must be a power of two, got {block_t}")
+    _FORCED.append((name, chunk, block_t))
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+def scan_plan(rows: int, length: int, dj: int, v: int, itemsize: int, sms: int = 132) -> ScanPlan:
+    """Choose tiles and strategy for ``rows`` rows of ``length`` steps, ``dj`` coefficient channels x ``v``.
+
+    Tile: BLOCK_V = next_pow2(v); BLOCK_J * BLOCK_V = 64 channels (128 for 2-byte types: 256-byte rows);
+    BLOCK_T so a tile holds 2048 elements, clipped to [8, 64]; 4 warps (8 past 2048 elements).
+    Sequential when rows x channel blocks >= SMs or length <= 2048 (on an H200, 256 programs run the
+    sequential walk at twice the chunked speed, 64 programs at 0.6 times). Otherwise chunked: chunks of a
+    power of two >= 512 steps, the largest that still gives 4 x SMs programs (row, chunk, channel block).
+    """
+    block_v = triton.next_power_of_2(max(v, 1))
+    width = 128 if itemsize <= 2 else 64
+    block_j = max(1, min(triton.next_power_of_2(max(dj, 1)), width // block_v))
+    block_t = max(8, min(64, 2048 // (block_j * block_v)))
+    num_warps = 4 if block_t * block_j * block_v <= 2048 else 8
+    njb = triton.cdiv(max(dj, 1), block_j)
+    programs = rows * njb
+    strategy = "sequential" if programs >= sms or length <= 2048 else "chunked"
+    chunk: int | None = None
+    if _FORCED:
+        strategy, chunk, forced_t = _FORCED[-1]
+        block_t = forced_t or block_t
+    if strategy == "chunked" and chunk is None:
+        wanted = triton.cdiv(4 * sms, max(programs, 1))
+        chunk = max(512, 1 << (triton.cdiv(length, wanted).bit_length() - 1))
+    if strategy == "sequential" or chunk is None or chunk >= length:
+        return ScanPlan("sequential", block_t, block_j, block_v, num_warps, max(length, 1), 1, njb)
+    return ScanPlan("chunked", block_t, block_j, block_v, num_warps, chunk, triton.cdiv(length, chunk), njb)
+
+
+def _strategy(rows: int, length: int, dj: int, v: int, itemsize: int, sms: int = 132) -> str:
+    """ "sequential" or "chunked": the strategy :func:`scan_plan` picks for these sizes."""
+    return scan_plan(rows, length, dj, v, itemsize, sms).strategy
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Drivers shared with the diagonal scan
+# ---------------------------------------------------------------------------------------------------------
+
+_FLAGS = (
+    "WALK_REV",
+    "SHIFT",
+    "SUMMARY",
+    "CARRY",
+    "HAS_UX",
+    "X_ONE",
+    "HAS_INIT",
+    "WRITE_X",
+    "WRITE_H",
+    "DA",
+    "PREV_X",
+    "HAS_PREV0",
+    "DINIT",
+)
+
+
+def _run(
+    plan: ScanPlan,
+    ptrs: dict[str, Tensor],
+    rows: int,
+    length: int,
+    dj: int,
+    v: int,
+    chunk: int,
+    nc: int,
+    **flags: int,
+) -> None:
+    """One launch of :func:`_scan_kernel`; pointers not named in ``ptrs`` get a dummy (never touched)."""
+    names = ("coef", "u", "ux", "init", "hcarry", "xcarry", "hout", "xout", "pout", "prevh", "prevx",
+             "prev0", "da", "dinit")  # fmt: skip
+    dummy = ptrs["coef"]
+    args = [ptrs.get(name, dummy) for name in names]
+    meta = {name: int(flags.get(name, 0)) for name in _FLAGS}
+    grid = (rows * nc * plan.num_jblocks,)
+    launch(
+        _scan_kernel, grid, *args, length, dj, v, chunk, nc, plan.num_jblocks, **meta,
+        BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, BLOCK_V=plan.block_v, FP64=is_fp64(ptrs["coef"]),
+        num_warps=plan.num_warps,
+    )  # fmt: skip
+
+
+def _plan_for(coef: Tensor, v: int) -> ScanPlan:
+    rows, length, dj = coef.shape
+    return scan_plan(rows, length, dj, v, coef.element_size(), sm_count(coef.device))
+
+
+def _acc_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def scan_forward(
+    coef: Tensor, u: Tensor, init: Tensor | None, v: int, want_x: bool, reverse: bool = False
+) -> tuple[Tensor | None, Tensor]:
+    """States of h_t = a_t h_{t-1} + b_t: coef (R, L, DJ), u (R, L, DJ v), init (R, DJ v) or None (zeros).
+
+    Returns (X, H): X (R, L, DJ) the running product of ``coef`` when ``want_x`` (else None), H like ``u``.
+    ``reverse`` runs the recurrence from t = L down to 1. Inputs must be contiguous, of one dtype.
+    """
+    rows, length, dj = coef.shape
+    plan = _plan_for(coef, v)
+    hout = torch.empty_like(u)
+    xout = torch.empty_like(coef) if want_x else None
+    outs = {"hout": hout, **({"xout": xout} if xout is not None else {})}
+    inits = {"init": init} if init is not None else {}
+    flags = {"X_ONE": 1, "WRITE_X": int(want_x), "WRITE_H": 1, "HAS_INIT": int(init is not None)}
+    if plan.strategy == "sequential":
+        _run(plan, {"coef": coef, "u": u, **inits, **outs}, rows, length, dj, v, length, 1,
+             WALK_REV=int(reverse), **flags)  # fmt: skip
+        return xout, hout
+    nc, acc = plan.num_chunks, _acc_dtype(coef)
+    sum_p = torch.empty((rows, nc, dj), dtype=acc, device=coef.device)
+    sum_h = torch.empty((rows, nc, dj * v), dtype=acc, device=coef.device)
+    _run(plan, {"coef": coef, "u": u, "hout": sum_h, "pout": sum_p}, rows, length, dj, v, plan.chunk, nc,
+         WALK_REV=int(reverse), SUMMARY=1)  # fmt: skip
+    car_h = torch.empty_like(sum_h)
+    car_x = torch.empty_like(sum_p)
+    _run(plan, {"coef": sum_p, "u": sum_h, **inits, "hout": car_h, "xout": car_x}, rows, nc, dj, v, nc, 1,
+         X_ONE=1, WRITE_X=int(want_x), WRITE_H=1, HAS_INIT=int(init is not None))  # fmt: skip
+    _run(plan, {"coef": coef, "u": u, **inits, "hcarry": car_h, "xcarry": car_x, **outs}, rows, length, dj,
+         v, plan.chunk, nc, WALK_REV=int(reverse), CARRY=1, **flags)  # fmt: skip
+    return xout, hout
+
+
+def scan_backward(
+    coef: Tensor,
+    grad_h: Tensor,
+    grad_x: Tensor | None,
+    prev_h: Tensor,
+    prev0: Tensor | None,
+    prev_x: Tensor | None,
+    v: int,
+    want_dinit: bool,
+    reverse: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Adjoint of :func:`scan_forward` -> (da (R, L, DJ), du like ``grad_h``, d(init) (R, DJ v) or None).
+
+    g_t = grad_h_t + a_{t+1} g_{t+1} (and the same for grad_x, a-like, when given); du = g;
+    da_t = sum_v g_t H_{t-1} + gx_t X_{t-1}, with H_{t-1} from ``prev_h`` (``prev0`` or 0 before t = 1) and
+    X_{t-1} from ``prev_x`` (1 before t = 1); d(init) = a_1 g_1. ``reverse`` as in :func:`scan_forward`.
+    All tensors contiguous, of one dtype.
+    """
+    rows, length, dj = coef.shape
+    plan = _plan_for(coef, v)
+    da = torch.empty_like(coef)
+    du = torch.empty_like(grad_h)
+    dinit = torch.empty((rows, dj * v), dtype=coef.dtype, device=coef.device) if want_dinit else None
+    walk = int(not reverse)
+    has_ux = grad_x is not None
+    ux = {"ux": grad_x} if grad_x is not None else {}
+    reads = {"prevh": prev_h, **({"prevx": prev_x} if prev_x is not None else {})}
+    reads.update({"prev0": prev0} if prev0 is not None else {})
+    outs = {"hout": du, "da": da, **({"dinit": dinit} if dinit is not None else {})}
+    flags = {"WRITE_H": 1, "DA": 1, "PREV_X": int(prev_x is not None), "HAS_PREV0": int(prev0 is not None),
+             "DINIT": int(want_dinit), "HAS_UX": int(has_ux)}  # fmt: skip
+    if plan.strategy == "sequential":
+        _run(plan, {"coef": coef, "u": grad_h, **ux, **reads, **outs}, rows, length, dj, v, length, 1,
+             WALK_REV=walk, SHIFT=1, **flags)  # fmt: skip
+        return da, du, dinit
+    nc, acc = plan.num_chunks, _acc_dtype(coef)
+    sum_p = torch.empty((rows, nc, dj), dtype=acc, device=coef.device)
+    sum_h = torch.empty((rows, nc, dj * v), dtype=acc, device=coef.device)
+    sum_x = torch.empty_like(sum_p)
+    _run(plan, {"coef": coef, "u": grad_h, **ux, "hout": sum_h, "xout": sum_x, "pout": sum_p}, rows, length,
+         dj, v, plan.chunk, nc, WALK_REV=walk, SHIFT=1, SUMMARY=1, HAS_UX=int(has_ux))  # fmt: skip
+    car_h = torch.empty_like(sum_h)
+    car_x = torch.empty_like(sum_p)
+    _run(plan, {"coef": sum_p, "u": sum_h, "ux": sum_x, "hout": car_h, "xout": car_x}, rows, nc, dj, v, nc,
+         1, HAS_UX=int(has_ux), WRITE_X=int(has_ux), WRITE_H=1)  # fmt: skip
+    _run(plan, {"coef": coef, "u": grad_h, **ux, **reads, **outs, "hcarry": car_h, "xcarry": car_x}, rows,
+         length, dj, v, plan.chunk, nc, WALK_REV=walk, SHIFT=1, CARRY=1, **flags)  # fmt: skip
+    return da, du, dinit
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Ops
+# ---------------------------------------------------------------------------------------------------------
+
+
+def linear_envelope(a: Tensor, b: Tensor) -> str | None:
+    """None when the k = 1 kernels take ``a``, ``b`` (B, T, D), else the reason (reads shapes only).
+
+    Any B and D and any T >= 1 are taken.
+    """
+    if a.dim() != 3 or tuple(b.shape) != tuple(a.shape):
+        return (
+            f"the linear kernel takes a, b of one shape (B, T, D), got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    if a.shape[1] < 1:
+        return f"T must be >= 1 for the linear kernel, got T={a.shape[1]}"
+    return None
+
+
+def _check_envelope(reason: str | None) -> None:
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def check_kernel_device(name: str, x: Tensor) -> None:
+    """Raise ValueError unless ``x`` is on a device the kernels run on."""
+    if not on_kernel_device(x):
+        raise ValueError(
+            f"{name} must be a CUDA tensor (or a CPU tensor under TRITON_INTERPRET=1), got device {x.device}"
+        )
+
+
+def _check_btd(names: Sequence[str], tensors: Sequence[Tensor]) -> None:
+    first = check_float_tensor(names[0], tensors[0], 3, "(B, T, D)")
+    for name, x in zip(names[1:], tensors[1:], strict=True):
+        check_float_tensor(name, x, 3, "(B, T, D)")
+        check_shape(name, x, tuple(first.shape), f"like {names[0]} (B, T, D)")
+    check_same_device_dtype(dict(zip(names, tensors, strict=True)))
+    check_kernel_device(names[0], first)
+    _check_envelope(linear_envelope(first, tensors[1]))
+
+
+def _check_state(name: str, x: Tensor, a: Tensor) -> None:
+    check_float_tensor(name, x, 2, "(B, D)")
+    check_shape(name, x, (a.shape[0], a.shape[2]), "(B, D)")
+    check_same_device_dtype({"a": a, name: x})
+
+
+@triton_op("mingru::linear_scan_fwd", mutates_args=())
+def linear_scan_fwd(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """Linear scan: a, b (B, T, D) -> (A, Bc) (B, T, D) in the input dtype.
+
+    A_t = a_t ... a_1 and Bc_t = a_t Bc_{t-1} + b_t (Bc_0 = 0); fp32 accumulation (fp64 for fp64).
+    Raises TypeError/ValueError on bad dtypes, shapes, devices or outside :func:`linear_envelope`.
+    """
+    _check_btd(("a", "b"), (a, b))
+    a, b = a.contiguous(), b.contiguous()
+    A, Bc = scan_forward(a, b, None, 1, True)
+    assert A is not None
+    return A, Bc
+
+
+@triton_op("mingru::linear_scan_bwd", mutates_args=())
+def linear_scan_bwd(a: Tensor, A: Tensor, Bc: Tensor, gA: Tensor, gBc: Tensor) -> tuple[Tensor, Tensor]:
+    """Adjoint of :func:`linear_scan_fwd`: all (B, T, D) -> (da, db).
+
+    qA_t = gA_t + a_{t+1} qA_{t+1}, qB_t = gBc_t + a_{t+1} qB_{t+1}; db = qB and
+    da_t = qA_t A_{t-1} + qB_t Bc_{t-1} (A_0 = 1, Bc_0 = 0).
+    """
+    _check_btd(("a", "A", "Bc", "gA", "gBc"), (a, A, Bc, gA, gBc))
+    a, A, Bc, gA, gBc = (x.contiguous() for x in (a, A, Bc, gA, gBc))
+    da, db, _ = scan_backward(a, gBc, gA, Bc, None, A, 1, False)
+    return da, db
+
+
+@triton_op("mingru::linear_recurrence_fwd", mutates_args=())
+def linear_recurrence_fwd(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
+    """h_t = a_t h_{t-1} + b_t from h0: a, b (B, T, D), h0 (B, D) -> h (B, T, D) in the input dtype.
+
+    Only h is written (the layer path). Raises as :func:`linear_scan_fwd`.
+    """
+    _check_btd(("a", "b"), (a, b))
+    _check_state("h0", h0, a)
+    a, b, h0 = a.contiguous(), b.contiguous(), h0.contiguous()
+    _, h = scan_forward(a, b, h0, 1, False)
+    return h
+
+
+@triton_op("mingru::linear_recurrence_bwd", mutates_args=())
+def linear_recurrence_bwd(a: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Adjoint of :func:`linear_recurrence_fwd` -> (da, db (B, T, D), dh0 (B, D)).
+
+    g_t = grad_h_t + a_{t+1} g_{t+1}; db = g, da_t = g_t h_{t-1} (h_0 = h0), dh0 = a_1 g_1.
+    """
+    _check_btd(("a", "h", "grad_h"), (a, h, grad_h))
+    _check_state("h0", h0, a)
+    a, h0, h, grad_h = (x.contiguous() for x in (a, h0, h, grad_h))
+    da, db, dh0 = scan_backward(a, grad_h, None, h, h0, None, 1, True)
+    assert dh0 is not None
+    return da, db, dh0
+
+
+def _zeros_if_none(grad: Tensor | None, like: Tensor) -> Tensor:
+    return torch.zeros_like(like) if grad is None else grad
+
+
+def _setup_scan(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0], *output)
+
+
+def _backward_scan(ctx, gA, gBc):
+    a, A, Bc = ctx.saved_tensors
+    return linear_scan_bwd(a, A, Bc, _zeros_if_none(gA, A), _zeros_if_none(gBc, Bc))
+
+
+def _setup_recurrence(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0], inputs[2], output)
+
+
+def _backward_recurrence(ctx, grad_h):
+    a, h0, h = ctx.saved_tensors
+    return linear_recurrence_bwd(a, h0, h, _zeros_if_none(grad_h, h))
+
+
+linear_scan_fwd.register_autograd(_backward_scan, setup_context=_setup_scan)
+linear_recurrence_fwd.register_autograd(_backward_recurrence, setup_context=_setup_recurrence)

@@ -1,0 +1,281 @@
+"""The k = 1 linear scan kernels (linear_scan_fwd/_bwd, linear_recurrence_fwd/_bwd) against the float64 eager
+references, under the Triton interpreter (small shapes) and on CUDA (real sizes), with both strategies."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+from kernel_cases import HALF_TYPES, assert_close, gates, kernel_device, marked, on_cuda, on_interpreter
+from torch import Tensor
+
+from mingru.min_gru import linear_recurrence
+from mingru.scans.linear import linear_scan_bwd_ref, linear_scan_ref
+
+linear = pytest.importorskip("mingru_triton.linear")
+
+
+STRATEGIES = ("sequential", "chunked")
+
+
+@contextlib.contextmanager
+def strategy(name: str, length: int = 32) -> Iterator[None]:
+    """Force ``name``; chunked rows of ``length`` steps get chunks that end mid-tile and span tiles."""
+    if name == "sequential":
+        with linear.force_strategy(name):
+            yield
+        return
+    chunk, block_t = (24, 16) if length < 100 else (96, 32)
+    with linear.force_strategy(name, chunk, block_t):
+        yield
+
+
+def _inputs(shape: tuple[int, int, int], dtype: torch.dtype, seed: int = 0) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    a = gates(shape, dtype, kernel_device(), generator=gen)
+    b = torch.randn(shape, generator=gen, dtype=torch.float64).to(kernel_device(), dtype)
+    return a, b
+
+
+def _check_scan(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
+    """Forward and both input gradients of linear_scan_fwd against autograd of the float64 reference."""
+    a, b = _inputs(shape, dtype)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    A, Bc = linear.linear_scan_fwd(a, b)
+    assert A.dtype == dtype and Bc.dtype == dtype
+    a64 = a.detach().double().requires_grad_(True)
+    b64 = b.detach().double().requires_grad_(True)
+    A64, Bc64 = linear_scan_ref(a64, b64)
+    T = shape[1]
+    assert_close(A, A64, dtype, T, "A")
+    assert_close(Bc, Bc64, dtype, T, "Bc")
+    gA, gBc = torch.randn_like(A), torch.randn_like(Bc)
+    da, db = torch.autograd.grad((A, Bc), (a, b), (gA, gBc))
+    if dtype in HALF_TYPES:
+        # The adjoint reads the stored (rounded) A and Bc: compare with the float64 adjoint of those.
+        da64, db64 = linear_scan_bwd_ref(a64.detach(), A.double(), Bc.double(), gA.double(), gBc.double())
+    else:
+        da64, db64 = torch.autograd.grad((A64, Bc64), (a64, b64), (gA.double(), gBc.double()))
+    assert_close(da, da64, dtype, T, "da")
+    assert_close(db, db64, dtype, T, "db")
+
+
+def _check_recurrence(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
+    """linear_recurrence_fwd and its gradients (a, b, h0) against the float64 reference recurrence."""
+    a, b = _inputs(shape, dtype, seed=1)
+    h0 = torch.randn(shape[0], shape[2], dtype=torch.float64).to(a.device, dtype)
+    leaves = [x.requires_grad_(True) for x in (a, b, h0)]
+    h = linear.linear_recurrence_fwd(*leaves)
+    assert h.dtype == dtype
+    leaves64 = [x.detach().double().requires_grad_(True) for x in leaves]
+    h64 = linear_recurrence(*leaves64)
+    T = shape[1]
+    assert_close(h, h64, dtype, T, "h")
+    gh = torch.randn_like(h)
+    grads = torch.autograd.grad(h, leaves, gh)
+    if dtype in HALF_TYPES:
+        grads64 = linear.linear_recurrence_bwd(*(x.detach().double() for x in (a, h0, h, gh)))
+    else:
+        grads64 = torch.autograd.grad(h64, leaves64, gh.double())
+    for name, g, g64 in zip(("da", "db", "dh0"), grads, grads64, strict=True):
+        assert_close(g, g64, dtype, T, name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Interpreter (CPU tensors, small shapes)
+# ---------------------------------------------------------------------------------------------------------
+
+SCAN_CASES = [
+    pytest.param((2, 1, 3), torch.float32, id="B2-T1-D3-float32"),
+    pytest.param((2, 37, 5), torch.float64, id="B2-T37-D5-float64"),
+    pytest.param((1, 300, 2), torch.float32, id="B1-T300-D2-float32"),
+]
+RECURRENCE_CASES = [
+    pytest.param((2, 1, 3), torch.float64, id="B2-T1-D3-float64"),
+    pytest.param((2, 37, 5), torch.float32, id="B2-T37-D5-float32"),
+    pytest.param((1, 150, 1), torch.float64, id="B1-T150-D1-float64"),
+]
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize(("shape", "dtype"), SCAN_CASES)
+@marked(on_interpreter)
+def test_scan_matches_reference(shape: tuple[int, int, int], dtype: torch.dtype, name: str) -> None:
+    with strategy(name, shape[1]):
+        _check_scan(shape, dtype)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize(("shape", "dtype"), RECURRENCE_CASES)
+@marked(on_interpreter)
+def test_recurrence_matches_reference(shape: tuple[int, int, int], dtype: torch.dtype, name: str) -> None:
+    with strategy(name, shape[1]):
+        _check_recurrence(shape, dtype)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@marked(on_interpreter)
+def test_half_inputs_give_half_outputs(dtype: torch.dtype, name: str) -> None:
+    with strategy(name):
+        _check_scan((1, 45, 3), dtype)
+        _check_recurrence((1, 45, 3), dtype)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@marked(on_interpreter)
+def test_gradcheck_fp64(name: str) -> None:
+    a, b = _inputs((1, 5, 2), torch.float64)
+    h0 = torch.randn(1, 2, dtype=torch.float64)
+    a, b, h0 = (x.requires_grad_(True) for x in (a, b, h0))
+    with linear.force_strategy(name, 3, 2):
+        assert torch.autograd.gradcheck(linear.linear_scan_fwd, (a, b), fast_mode=True)
+        assert torch.autograd.gradcheck(linear.linear_recurrence_fwd, (a, b, h0), fast_mode=True)
+
+
+@marked(on_interpreter)
+def test_non_contiguous_inputs() -> None:
+    a, b = _inputs((2, 20, 3), torch.float32)
+    a_t, b_t = a.transpose(0, 2).contiguous().transpose(0, 2), b[:, :, :]
+    a_s, b_s = a[:, ::2], b[:, 1::2]
+    assert not a_t.is_contiguous() and not a_s.is_contiguous()
+    for x, y in ((a_t, b_t), (a_s, b_s)):
+        A, Bc = linear.linear_scan_fwd(x, y)
+        A64, Bc64 = linear_scan_ref(x.double(), y.double())
+        assert_close(A, A64, torch.float32, x.shape[1], "A")
+        assert_close(Bc, Bc64, torch.float32, x.shape[1], "Bc")
+    h0 = torch.randn(2, 6, dtype=torch.float32)[:, ::2]
+    h = linear.linear_recurrence_fwd(a, b, h0)
+    assert_close(h, linear_recurrence(a.double(), b.double(), h0.double()), torch.float32, 20, "h")
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@marked(on_interpreter)
+def test_zero_coefficients_and_one_sided_grads(name: str) -> None:
+    """a may be 0 (no division by a); a loss on A alone or Bc alone gives the reference gradients."""
+    a, b = _inputs((2, 30, 2), torch.float64)
+    a[:, 5] = 0.0
+    a[1, 17, 1] = 0.0
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    with strategy(name):
+        A, Bc = linear.linear_scan_fwd(a, b)
+        A64, Bc64 = linear_scan_ref(a, b)
+        for out, out64 in ((A, A64), (Bc, Bc64)):
+            g = torch.autograd.grad(out.sum(), (a, b), allow_unused=True, retain_graph=True)
+            g64 = torch.autograd.grad(out64.sum(), (a, b), allow_unused=True, retain_graph=True)
+            for x, x64 in zip(g, g64, strict=True):
+                x = torch.zeros_like(a) if x is None else x
+                x64 = torch.zeros_like(a) if x64 is None else x64
+                assert torch.isfinite(x).all()
+                assert_close(x, x64, torch.float64, 30, "grad")
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@marked(on_interpreter)
+def test_reverse_time_kernels(name: str) -> None:
+    """The kernels' reverse direction equals the forward scan of time-flipped inputs, forward and adjoint."""
+    a, b = _inputs((2, 29, 2), torch.float64)
+    h0 = torch.randn(2, 2, dtype=torch.float64)
+    with strategy(name):
+        _, h = linear.scan_forward(a, b, h0, 1, False, reverse=True)
+        expected = linear_recurrence(a.flip(1), b.flip(1), h0).flip(1)
+        assert_close(h, expected, torch.float64, 29, "h")
+        gh = torch.randn_like(h)
+        da, db, dh0 = linear.scan_backward(a, gh, None, h, h0, None, 1, True, reverse=True)
+        leaves = [x.clone().requires_grad_(True) for x in (a, b, h0)]
+        out = linear_recurrence(leaves[0].flip(1), leaves[1].flip(1), leaves[2]).flip(1)
+        expected_grads = torch.autograd.grad(out, leaves, gh)
+    for got, want, what in zip((da, db, dh0), expected_grads, ("da", "db", "dh0"), strict=True):
+        assert_close(got, want, torch.float64, 29, what)
+
+
+@marked(on_interpreter)
+def test_envelope_and_input_errors() -> None:
+    a, b = _inputs((2, 4, 3), torch.float32)
+    assert linear.linear_envelope(a, b) is None
+    empty = a[:, :0]
+    assert linear.linear_envelope(empty, empty) == "T must be >= 1 for the linear kernel, got T=0"
+    with pytest.raises(ValueError, match="T must be >= 1 for the linear kernel, got T=0"):
+        linear.linear_scan_fwd(empty, empty)
+    with pytest.raises(
+        ValueError, match=r"b must have shape like a \(B, T, D\) = \(2, 4, 3\), got \(2, 4, 2\)"
+    ):
+        linear.linear_scan_fwd(a, b[..., :2])
+    with pytest.raises(TypeError, match="b must have the same dtype as a"):
+        linear.linear_scan_fwd(a, b.double())
+    with pytest.raises(ValueError, match=r"h0 must have shape \(B, D\) = \(2, 3\), got \(2, 4\)"):
+        linear.linear_recurrence_fwd(a, b, torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="a must have 3 dims"):
+        linear.linear_scan_fwd(a[0], b[0])
+    with pytest.raises(ValueError, match="strategy must be"), linear.force_strategy("parallel"):
+        pass
+
+
+def test_strategy_heuristic() -> None:
+    """Sequential when rows x channel blocks fill the GPU or T is short; chunked for long T and few rows."""
+    assert linear._strategy(64, 4096, 1024, 1, 4) == "sequential"
+    assert linear._strategy(1, 1000, 16, 1, 4) == "sequential"
+    assert linear._strategy(1, 1 << 20, 16, 1, 4) == "chunked"
+    plan = linear.scan_plan(1, 1 << 20, 256, 1, 2)
+    assert plan.strategy == "chunked" and plan.block_j == 128 and plan.chunk >= 512
+    assert plan.num_chunks * plan.num_jblocks >= 4 * 132
+    diag = linear.scan_plan(4, 100, 8, 48, 4)
+    assert (diag.block_v, diag.block_j) == (64, 1)
+    assert diag.block_t * diag.block_j * diag.block_v <= 4096
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUDA (real sizes)
+# ---------------------------------------------------------------------------------------------------------
+
+CUDA_SHAPES = [(8, 4096, 512), (2, 1 << 16, 257), (1, 1 << 20, 16), (1, 100_003, 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "B{}-T{}-D{}".format(*s))
+@marked(on_cuda)
+def test_cuda_scan_matches_reference(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
+    _check_scan(shape, dtype)
+    _check_recurrence(shape, dtype)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@marked(on_cuda)
+def test_cuda_both_strategies(name: str) -> None:
+    with strategy(name):
+        _check_scan((4, 3001, 130), torch.float32)
+        _check_recurrence((4, 3001, 130), torch.float16)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@marked(on_cuda)
+def test_cuda_gradcheck_fp64(name: str) -> None:
+    a, b = _inputs((2, 19, 5), torch.float64)
+    h0 = torch.randn(2, 5, dtype=torch.float64, device=a.device)
+    a, b, h0 = (x.requires_grad_(True) for x in (a, b, h0))
+    with linear.force_strategy(name, 4, 2):
+        assert torch.autograd.gradcheck(linear.linear_scan_fwd, (a, b))
+        assert torch.autograd.gradcheck(linear.linear_recurrence_fwd, (a, b, h0))
+
+
+@marked(on_cuda)
+def test_cuda_more_than_2_31_elements() -> None:
+    """B T D > 2^31 (bf16): the last row's last channels match a float64 scan of those channels alone."""
+    B, T, D = 2, 1 << 20, 1032
+    assert B * T * D > 2**31
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.empty(B, T, D, dtype=torch.bfloat16, device="cuda").uniform_(0.5, 1.0, generator=gen)
+    b = torch.empty(B, T, D, dtype=torch.bfloat16, device="cuda").uniform_(-1.0, 1.0, generator=gen)
+    A, Bc = linear.linear_scan_fwd(a, b)
+    channels = torch.tensor([0, D // 2, D - 2, D - 1], device="cuda")
+    A64, Bc64 = linear_scan_ref(a[-1:, :, channels].double(), b[-1:, :, channels].double())
+    assert_close(A[-1:, -4096:, channels], A64[:, -4096:], torch.bfloat16, T, "A")
+    assert_close(Bc[-1:, -4096:, channels], Bc64[:, -4096:], torch.bfloat16, T, "Bc")
+    del A, Bc
+    h0 = torch.zeros(B, D, dtype=torch.bfloat16, device="cuda")
+    h = linear.linear_recurrence_fwd(a, b, h0)
+    assert_close(h[-1:, -4096:, channels], Bc64[:, -4096:], torch.bfloat16, T, "h")
