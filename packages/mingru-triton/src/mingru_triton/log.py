@@ -1,0 +1,646 @@
+"""Fused log-space scan kernels: h_t = exp(lc_t) h_{t-1} + exp(lb_t), combined in log space.
+
+Ops (namespace ``mingru``):
+
+- ``parallel_scan_log_fwd(log_coeffs (B, T, D), log_values (B, T+1, D)) -> h (B, T, D)``; slot 0 of
+  ``log_values`` is log h_0, slots 1..T are log b_t. ``parallel_scan_log_bwd`` is its adjoint.
+- ``log_recurrence_fwd(log_coeffs (B, T, D), log_b (B, T, D), h0 (B, D)) -> h (B, T, D)`` with h0 in linear
+  space and of any sign: max(h0, 0) enters the log-space scan as log h0 and min(h0, 0) decays as
+  exp(sum lc) min(h0, 0), both in the same pass. ``log_recurrence_bwd`` is its adjoint.
+
+The forward scans pairs (s, l) = (sum of lc, log of the zero-start state) with the associative combine
+(s1, l1) then (s2, l2) -> (s1 + s2, logaddexp(l1 + s2, l2)), so no running product is ever exponentiated.
+The backward runs in linear space, lam_t = g_t + a_{t+1} lam_{t+1}, so -inf inputs give exact zeros.
+
+Two strategies, picked by :func:`_plan` from the shapes: "sequential" (one program per (row, channel
+block) walks T in tiles, carrying the last state) and "chunked" (T split into chunks: one launch writes
+per-chunk summaries, a second replays each chunk from the carry it composes from the summaries before it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op
+
+from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
+from mingru.scans.log import check_log_inputs
+from mingru_triton._launch import is_fp64, launch, on_kernel_device
+
+__all__ = [
+    "force_strategy",
+    "log_envelope",
+    "log_recurrence_bwd",
+    "log_recurrence_fwd",
+    "parallel_scan_log_bwd",
+    "parallel_scan_log_fwd",
+]
+
+STRATEGIES = ("sequential", "chunked")
+_MAX_GRID = 2**31 - 1
+_MAX_STEPS = 2**31 - 1
+_CPU_SMS = 132
+_MAX_CHUNKS = 256
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _to_acc(x, FP64: tl.constexpr):
+    y = x.to(tl.float64) if FP64 else x.to(tl.float32)
+    return y
+
+
+@triton.jit
+def _full(BLOCK: tl.constexpr, value, FP64: tl.constexpr):
+    y = tl.full([BLOCK], value, tl.float64) if FP64 else tl.full([BLOCK], value, tl.float32)
+    return y
+
+
+@triton.jit
+def _logaddexp(x, y):
+    hi = tl.maximum(x, y)
+    lo = tl.minimum(x, y)
+    shift = tl.where(hi == float("-inf"), 0.0, hi)
+    return hi + tl.log(1.0 + tl.exp(lo - shift))
+
+
+@triton.jit
+def _safe_log(x):
+    positive = x > 0
+    return tl.where(positive, tl.log(tl.where(positive, x, 1.0)), float("-inf"))
+
+
+@triton.jit
+def _log_pair(s1, l1, s2, l2):
+    return s1 + s2, _logaddexp(l1 + s2, l2)
+
+
+@triton.jit
+def _linear_pair(c1, v1, c2, v2):
+    return c1 * c2, c2 * v1 + v2
+
+
+@triton.jit
+def _last_row(x, BLOCK_T: tl.constexpr):
+    rows = tl.arange(0, BLOCK_T)
+    return tl.sum(tl.where(rows[:, None] == BLOCK_T - 1, x, 0.0), axis=0)
+
+
+@triton.jit
+def _log_fwd_kernel(
+    lc_ptr,
+    b_ptr,
+    h0_ptr,
+    h_ptr,
+    sum_ptr,
+    end_ptr,
+    T,
+    D,
+    stride_b_row,
+    b_shift,
+    stride_h0_row,
+    n_chunks,
+    chunk,
+    n_tiles,
+    H0_LOG: tl.constexpr,
+    LEAN: tl.constexpr,
+    MODE: tl.constexpr,
+    REVERSE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    FP64: tl.constexpr,
+):
+    """One (row, channel block, chunk). MODE 0: whole row; 1: write the chunk summary (sum lc, end log state
+    from -inf); 2: compose the carry from the summaries of earlier chunks, then write h for the chunk."""
+    pid = tl.program_id(0).to(tl.int64)
+    n_dblk = tl.cdiv(D, BLOCK_D)
+    c = pid % n_chunks
+    rest = pid // n_chunks
+    dblk = rest % n_dblk
+    row = rest // n_dblk
+    start = 0
+    end = T
+    length = end - start
+    i_lo = c * chunk
+    i_hi = tl.minimum(i_lo + chunk, length)
+
+    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < D
+    lc_row = lc_ptr + row * T * D
+    h_row = h_ptr + row * T * D
+    b_row = b_ptr + row * stride_b_row + b_shift
+    summary = (row * n_chunks) * D + d
+
+    s_total = _full(BLOCK_D, 0.0, FP64)
+    if MODE == 1:
+        lh = _full(BLOCK_D, float("-inf"), FP64)
+        ln = lh
+    else:
+        h0 = _to_acc(tl.load(h0_ptr + row * stride_h0_row + d, mask=dmask, other=0.0), FP64)
+        if H0_LOG:
+            lh = h0
+            ln = _full(BLOCK_D, float("-inf"), FP64)
+        else:
+            lh = _safe_log(h0)
+            ln = _safe_log(-h0)
+        if MODE == 2:
+            for prev in range(0, n_chunks):
+                earlier = dmask & ((d * 0 + prev) < c)
+                s_prev = _to_acc(tl.load(sum_ptr + summary + prev * D, mask=earlier, other=0.0), FP64)
+                e_prev = tl.load(end_ptr + summary + prev * D, mask=earlier, other=float("-inf"))
+                lh = _logaddexp(s_prev + lh, _to_acc(e_prev, FP64))
+                ln = ln + s_prev
+
+    rows = tl.arange(0, BLOCK_T)
+    for tile in range(0, n_tiles):
+        i = i_lo + tile * BLOCK_T + rows
+        tmask = i < i_hi
+        t = end - 1 - i if REVERSE else start + i
+        offs = t.to(tl.int64)[:, None] * D + d[None, :]
+        mask = tmask[:, None] & dmask[None, :]
+        lc = _to_acc(tl.load(lc_row + offs, mask=mask, other=0.0), FP64)
+        lb = _to_acc(tl.load(b_row + offs, mask=mask, other=float("-inf")), FP64)
+        s, lz = tl.associative_scan((lc, lb), 0, _log_pair)
+        lh_t = _logaddexp(s + lh[None, :], lz)
+        if MODE != 1:
+            out = tl.exp(lh_t)
+            if LEAN:
+                out = out - tl.exp(ln[None, :] + s)
+            tl.store(h_row + offs, out.to(h_ptr.dtype.element_ty), mask=mask)
+        lh = _last_row(lh_t, BLOCK_T)
+        if LEAN or MODE == 1:
+            s_last = _last_row(s, BLOCK_T)
+            ln = ln + s_last
+            s_total = s_total + s_last
+    if MODE == 1:
+        tl.store(sum_ptr + summary + c * D, s_total, mask=dmask)
+        tl.store(end_ptr + summary + c * D, lh, mask=dmask)
+
+
+@triton.jit
+def _log_bwd_kernel(
+    lc_ptr,
+    b_ptr,
+    h0_ptr,
+    h_ptr,
+    g_ptr,
+    dlc_ptr,
+    db_ptr,
+    dh0_ptr,
+    prod_ptr,
+    end_ptr,
+    T,
+    D,
+    stride_b_row,
+    b_shift,
+    stride_h0_row,
+    n_chunks,
+    chunk,
+    n_tiles,
+    H0_LOG: tl.constexpr,
+    MODE: tl.constexpr,
+    REVERSE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    FP64: tl.constexpr,
+):
+    """Adjoint, walking time against the forward direction: lam_t = g_t + a_next lam_next; d lc_t =
+    lam_t a_t h_prev; d lb_t = lam_t exp(lb_t); d h0 = a_first lam_first (times h0 when h0 is a log).
+    MODE 0: whole row; 1: chunk summary (product of a_next, end lam from 0); 2: carry from the summaries
+    of earlier chunks, then write the gradients for the chunk."""
+    pid = tl.program_id(0).to(tl.int64)
+    n_dblk = tl.cdiv(D, BLOCK_D)
+    c = pid % n_chunks
+    rest = pid // n_chunks
+    dblk = rest % n_dblk
+    row = rest // n_dblk
+    start = 0
+    end = T
+    length = end - start
+    i_lo = c * chunk
+    i_hi = tl.minimum(i_lo + chunk, length)
+
+    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < D
+    base = row * T * D
+    b_row = row * stride_b_row + b_shift
+    summary = (row * n_chunks) * D + d
+    first_off = (end - 1).to(tl.int64) * D if REVERSE else start * D
+    h0_offs = row * stride_h0_row + d
+    if MODE != 1:
+        h0 = _to_acc(tl.load(h0_ptr + h0_offs, mask=dmask, other=0.0), FP64)
+        if H0_LOG:
+            h0 = tl.exp(h0)
+
+    lam = _full(BLOCK_D, 0.0, FP64)
+    p_total = _full(BLOCK_D, 1.0, FP64)
+    if MODE == 2:
+        for prev in range(0, n_chunks):
+            earlier = dmask & ((d * 0 + prev) < c)
+            p_prev = _to_acc(tl.load(prod_ptr + summary + prev * D, mask=earlier, other=1.0), FP64)
+            e_prev = _to_acc(tl.load(end_ptr + summary + prev * D, mask=earlier, other=0.0), FP64)
+            lam = p_prev * lam + e_prev
+
+    rows = tl.arange(0, BLOCK_T)
+    for tile in range(0, n_tiles):
+        i = i_lo + tile * BLOCK_T + rows
+        tmask = i < i_hi
+        if REVERSE:
+            t = start + i
+            t_next = t - 1
+            t_prev = t + 1
+        else:
+            t = end - 1 - i
+            t_next = t + 1
+            t_prev = t - 1
+        has_next = (t_next >= start) & (t_next < end)
+        offs = t.to(tl.int64)[:, None] * D + d[None, :]
+        offs_next = t_next.to(tl.int64)[:, None] * D + d[None, :]
+        offs_prev = t_prev.to(tl.int64)[:, None] * D + d[None, :]
+        mask = tmask[:, None] & dmask[None, :]
+        mask_next = mask & has_next[:, None]
+        lc_next = _to_acc(tl.load(lc_ptr + base + offs_next, mask=mask_next, other=float("-inf")), FP64)
+        coef = tl.where(tmask[:, None], tl.exp(lc_next), 1.0)
+        g = _to_acc(tl.load(g_ptr + base + offs, mask=mask, other=0.0), FP64)
+        p, v = tl.associative_scan((coef, g), 0, _linear_pair)
+        lam_t = p * lam[None, :] + v
+        if MODE != 1:
+            has_prev = (t_prev >= start) & (t_prev < end)
+            a = tl.exp(_to_acc(tl.load(lc_ptr + base + offs, mask=mask, other=0.0), FP64))
+            h_prev = tl.load(h_ptr + base + offs_prev, mask=mask & has_prev[:, None], other=0.0)
+            h_prev = tl.where(has_prev[:, None], _to_acc(h_prev, FP64), h0[None, :])
+            tl.store(dlc_ptr + base + offs, (lam_t * a * h_prev).to(dlc_ptr.dtype.element_ty), mask=mask)
+            lb = _to_acc(tl.load(b_ptr + b_row + offs, mask=mask, other=float("-inf")), FP64)
+            tl.store(db_ptr + b_row + offs, (lam_t * tl.exp(lb)).to(db_ptr.dtype.element_ty), mask=mask)
+        else:
+            p_total = p_total * _last_row(p, BLOCK_T)
+        lam = _last_row(lam_t, BLOCK_T)
+    if MODE == 1:
+        tl.store(prod_ptr + summary + c * D, p_total, mask=dmask)
+        tl.store(end_ptr + summary + c * D, lam, mask=dmask)
+    else:
+        a_first = tl.exp(_to_acc(tl.load(lc_ptr + base + first_off + d, mask=dmask, other=0.0), FP64))
+        dh0 = a_first * lam
+        if H0_LOG:
+            dh0 = dh0 * h0
+        owns_first = (d * 0 + c) == n_chunks - 1
+        tl.store(dh0_ptr + h0_offs, dh0.to(dh0_ptr.dtype.element_ty), mask=dmask & owns_first)
+
+
+# -------------------------------------------------------------------------------------------- heuristics
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Launch configuration: strategy, tile (block_t x block_d), num_warps, chunk length and count."""
+
+    strategy: str
+    block_t: int
+    block_d: int
+    num_warps: int
+    chunk: int
+    n_chunks: int
+
+
+_forced: list[str] = []
+
+
+@contextlib.contextmanager
+def force_strategy(name: str) -> Iterator[None]:
+    """Within the block, every log-scan launch uses strategy ``name`` ("sequential" or "chunked")."""
+    if name not in STRATEGIES:
+        raise ValueError(f"name must be one of {STRATEGIES}, got {name!r}")
+    _forced.append(name)
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def _device_plan(x: Tensor) -> _Plan:
+    """:func:`_plan` for ``x`` (B, T, D) on its device: the SM count of a CUDA device, else 132 SMs (an H200)
+    and 16-row tiles."""
+    batch, steps, width = x.shape
+    if x.device.type != "cuda":
+        return _plan(batch, steps, width, _CPU_SMS, max_block_t=16)
+    if not torch.cuda.is_available():  # fake CUDA tensors traced on a machine without one
+        return _plan(batch, steps, width, _CPU_SMS)
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return _plan(batch, steps, width, _sm_count(index))
+
+
+def _plan(batch: int, steps: int, width: int, sms: int = _CPU_SMS, max_block_t: int = 256) -> _Plan:
+    """Pick the strategy and tile sizes from the shapes.
+
+    Tiles: block_d = min(64, next_pow2(D)) channels (contiguous, coalesced), block_t = 4096 / block_d rows
+    clamped to [16, max_block_t] and to next_pow2(T); num_warps 8 for tiles of 4096 elements, else 4.
+    ``max_block_t`` is 256 on CUDA and 16 for CPU tensors (the interpreter scans element by element).
+    Sequential when the (row, channel block) programs give >= 2 per SM or T spans <= 4 tiles; otherwise
+    chunked, with enough chunks (each >= 2 tiles, at most 256) to give about 4 programs per SM.
+    """
+    block_d = min(64, triton.next_power_of_2(max(width, 1)))
+    block_t = min(max(16, 4096 // block_d), max_block_t)
+    block_t = min(block_t, triton.next_power_of_2(max(steps, 1)))
+    num_warps = 8 if block_t * block_d >= 4096 else 4
+    programs = batch * triton.cdiv(width, block_d)
+    forced = _forced[-1] if _forced else None
+    if forced == "chunked":
+        n_chunks = min(4, triton.cdiv(steps, block_t))
+    elif forced == "sequential" or programs >= 2 * sms or steps <= 4 * block_t:
+        n_chunks = 1
+    else:
+        wanted = triton.cdiv(4 * sms, max(programs, 1))
+        n_chunks = min(wanted, _MAX_CHUNKS, triton.cdiv(steps, 2 * block_t))
+    chunk = triton.cdiv(triton.cdiv(max(steps, 1), max(n_chunks, 1)), block_t) * block_t
+    n_chunks = triton.cdiv(max(steps, 1), chunk)
+    strategy = "chunked" if n_chunks > 1 else "sequential"
+    if strategy == "sequential":
+        chunk = max(steps, 1)
+    return _Plan(strategy, block_t, block_d, num_warps, chunk, n_chunks)
+
+
+def _strategy(batch: int, steps: int, width: int, sms: int = _CPU_SMS) -> str:
+    """ "sequential" or "chunked": the strategy :func:`_plan` picks for (B, T, D)."""
+    return _plan(batch, steps, width, sms).strategy
+
+
+def log_envelope(log_coeffs: Tensor, values: Tensor) -> str | None:
+    """None when the log-scan kernels take these inputs, else the reason they do not.
+
+    ``log_coeffs`` is (B, T, D); ``values`` is log_values (B, T+1, D) or log_b (B, T, D) (only the shape of
+    ``log_coeffs`` sets the limits). Limits: T < 2^31 and a grid of B * ceil(D / block_d) * n_chunks < 2^31
+    programs. Devices, dtypes and emptiness are checked by the caller.
+    """
+    if log_coeffs.dim() != 3 or values.dim() != 3:
+        return (
+            f"the log-scan kernel takes 3-dim (B, T, D) inputs, got log_coeffs {tuple(log_coeffs.shape)} "
+            f"and values {tuple(values.shape)}"
+        )
+    batch, steps, width = log_coeffs.shape
+    if steps > _MAX_STEPS:
+        return f"T must be < 2^31 for the log-scan kernel, got T={steps}"
+    plan = _plan(batch, steps, width)
+    programs = batch * triton.cdiv(width, plan.block_d) * plan.n_chunks
+    if programs > _MAX_GRID:
+        return (
+            f"B * ceil(D / {plan.block_d}) must be < 2^31 for the log-scan kernel, "
+            f"got B={batch}, D={width} ({programs} programs)"
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- launches
+
+
+def _check_device_and_envelope(x: Tensor, name: str) -> None:
+    if not on_kernel_device(x):
+        raise ValueError(
+            f"{name} must be a CUDA tensor (or a CPU tensor under TRITON_INTERPRET=1), got device {x.device}"
+        )
+    reason = log_envelope(x, x)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def _work(x: Tensor, plan: _Plan) -> Tensor:
+    """Per-chunk summaries (B, n_chunks, D) in the accumulation dtype; a stub for the sequential strategy."""
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if plan.strategy == "sequential":
+        return torch.empty(1, dtype=dtype, device=x.device)
+    return torch.empty((x.shape[0], plan.n_chunks, x.shape[2]), dtype=dtype, device=x.device)
+
+
+def _scan_fwd(
+    lc: Tensor, b: Tensor, h0: Tensor, h: Tensor, *, b_shift: int, h0_log: bool, lean: bool, reverse: bool
+) -> None:
+    """Write the forward scan into ``h``; ``b`` starts ``b_shift`` elements into its row (slot 1 of the
+    (T+1) values layout), ``h0`` rows are log h0 (``h0_log``) or linear h0 of any sign."""
+    batch, steps, width = lc.shape
+    plan = _device_plan(lc)
+    grid = (batch * triton.cdiv(width, plan.block_d) * plan.n_chunks,)
+    sums, ends = _work(lc, plan), _work(lc, plan)
+    args: tuple[Any, ...] = (lc, b, h0, h, sums, ends, steps, width, b.stride(0), b_shift, h0.stride(0))
+    args = (*args, plan.n_chunks, plan.chunk, triton.cdiv(plan.chunk, plan.block_t))
+    meta = dict(
+        H0_LOG=int(h0_log),
+        LEAN=int(lean),
+        REVERSE=int(reverse),
+        BLOCK_T=plan.block_t,
+        BLOCK_D=plan.block_d,
+        FP64=is_fp64(lc),
+        num_warps=plan.num_warps,
+    )
+    if plan.strategy == "chunked":
+        launch(_log_fwd_kernel, grid, *args, MODE=1, **meta)
+        launch(_log_fwd_kernel, grid, *args, MODE=2, **meta)
+    else:
+        launch(_log_fwd_kernel, grid, *args, MODE=0, **meta)
+
+
+def _scan_bwd(
+    lc: Tensor,
+    b: Tensor,
+    h0: Tensor,
+    h: Tensor,
+    grad_h: Tensor,
+    d_lc: Tensor,
+    d_b: Tensor,
+    d_h0: Tensor,
+    *,
+    b_shift: int,
+    h0_log: bool,
+    reverse: bool,
+) -> None:
+    """Write the adjoint of :func:`_scan_fwd` into ``d_lc``, ``d_b``, ``d_h0``; each must have the strides of
+    ``lc``, ``b`` and ``h0`` (contiguous rows; ``b`` and ``d_b`` share their batch stride)."""
+    batch, steps, width = lc.shape
+    plan = _device_plan(lc)
+    grid = (batch * triton.cdiv(width, plan.block_d) * plan.n_chunks,)
+    prods, ends = _work(lc, plan), _work(lc, plan)
+    args: tuple[Any, ...] = (lc, b, h0, h, grad_h, d_lc, d_b, d_h0, prods, ends, steps, width)
+    args = (*args, b.stride(0), b_shift, h0.stride(0), plan.n_chunks, plan.chunk)
+    args = (*args, triton.cdiv(plan.chunk, plan.block_t))
+    meta = dict(
+        H0_LOG=int(h0_log),
+        REVERSE=int(reverse),
+        BLOCK_T=plan.block_t,
+        BLOCK_D=plan.block_d,
+        FP64=is_fp64(lc),
+        num_warps=plan.num_warps,
+    )
+    if plan.strategy == "chunked":
+        launch(_log_bwd_kernel, grid, *args, MODE=1, **meta)
+        launch(_log_bwd_kernel, grid, *args, MODE=2, **meta)
+    else:
+        launch(_log_bwd_kernel, grid, *args, MODE=0, **meta)
+
+
+def _grad_or_zeros(grad: Tensor | None, like: Tensor) -> Tensor:
+    return torch.zeros_like(like) if grad is None else grad
+
+
+def _check_like(name: str, value: object, like: Tensor, layout: str) -> Tensor:
+    value = check_float_tensor(name, value, like.dim(), layout)
+    check_shape(name, value, tuple(like.shape), layout)
+    return value
+
+
+# -------------------------------------------------------------------------------------- log_values form
+
+
+@triton_op("mingru::parallel_scan_log_fwd", mutates_args=())
+def parallel_scan_log_fwd(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
+    """Fused log-space scan: log_coeffs (B, T, D), log_values (B, T+1, D) -> h (B, T, D), input dtype.
+
+    log h_t = logaddexp(log_coeffs_t + log h_{t-1}, log_values_t), log h_0 = log_values_0; accumulates in
+    float32 (float64 for float64 inputs). -inf entries give zeros, never NaN. Raises TypeError/ValueError
+    on bad inputs and ValueError outside :func:`log_envelope`.
+    """
+    check_log_inputs(log_coeffs, log_values)
+    _check_device_and_envelope(log_coeffs, "log_coeffs")
+    log_coeffs, log_values = log_coeffs.contiguous(), log_values.contiguous()
+    h = torch.empty_like(log_coeffs)
+    if h.numel() > 0:
+        _scan_fwd(
+            log_coeffs, log_values, log_values, h, b_shift=h.shape[2], h0_log=True, lean=False, reverse=False
+        )
+    return h
+
+
+@triton_op("mingru::parallel_scan_log_bwd", mutates_args=())
+def parallel_scan_log_bwd(
+    log_coeffs: Tensor, log_values: Tensor, h: Tensor, grad_h: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Adjoint of :func:`parallel_scan_log_fwd` in linear space: (d_log_coeffs (B, T, D), d_log_values
+    (B, T+1, D)) from the inputs, the output h and grad_h (B, T, D).
+
+    lam_t = grad_h_t + a_{t+1} lam_{t+1}; d lc_t = lam_t a_t h_{t-1}; d lv_t = lam_t exp(lv_t) for t >= 1 and
+    d lv_0 = a_1 lam_1 exp(lv_0). -inf inputs give exact zero gradients.
+    """
+    check_log_inputs(log_coeffs, log_values)
+    _check_like("h", h, log_coeffs, "like log_coeffs (B, T, D)")
+    _check_like("grad_h", grad_h, log_coeffs, "like log_coeffs (B, T, D)")
+    check_same_device_dtype({"log_coeffs": log_coeffs, "h": h, "grad_h": grad_h})
+    _check_device_and_envelope(log_coeffs, "log_coeffs")
+    log_coeffs, log_values = log_coeffs.contiguous(), log_values.contiguous()
+    h, grad_h = h.contiguous(), grad_h.contiguous()
+    d_log_coeffs = torch.empty_like(log_coeffs)
+    d_log_values = torch.zeros_like(log_values)
+    if log_coeffs.numel() > 0:
+        _scan_bwd(
+            log_coeffs,
+            log_values,
+            log_values,
+            h,
+            grad_h,
+            d_log_coeffs,
+            d_log_values,
+            d_log_values,
+            b_shift=log_coeffs.shape[2],
+            h0_log=True,
+            reverse=False,
+        )
+    return d_log_coeffs, d_log_values
+
+
+def _log_setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+    log_coeffs, log_values = inputs
+    ctx.save_for_backward(log_coeffs, log_values, output)
+
+
+def _log_backward(ctx: Any, grad_h: Tensor | None) -> tuple[Tensor, Tensor]:
+    log_coeffs, log_values, h = ctx.saved_tensors
+    return parallel_scan_log_bwd(log_coeffs, log_values, h, _grad_or_zeros(grad_h, h))
+
+
+parallel_scan_log_fwd.register_autograd(_log_backward, setup_context=_log_setup_context)
+
+
+# ---------------------------------------------------------------------------------------- recurrence form
+
+
+def _check_recurrence_inputs(log_coeffs: object, log_b: object, h0: object) -> None:
+    log_coeffs = check_float_tensor("log_coeffs", log_coeffs, 3, "(B, T, D)")
+    log_b = _check_like("log_b", log_b, log_coeffs, "like log_coeffs (B, T, D)")
+    h0 = check_float_tensor("h0", h0, 2, "(B, D)")
+    check_shape("h0", h0, (log_coeffs.shape[0], log_coeffs.shape[2]), "(B, D)")
+    check_same_device_dtype({"log_coeffs": log_coeffs, "log_b": log_b, "h0": h0})
+
+
+@triton_op("mingru::log_recurrence_fwd", mutates_args=())
+def log_recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
+    """h_t = exp(log_coeffs_t) h_{t-1} + exp(log_b_t) from h0 (B, D) of any sign: (B, T, D) x2 -> h (B, T, D).
+
+    max(h0, 0) enters the log-space scan as log h0 (-inf when <= 0) and min(h0, 0) decays as
+    exp(sum_{s<=t} log_coeffs_s) min(h0, 0), fused in one pass. Input dtype out, float32/float64 inside.
+    """
+    _check_recurrence_inputs(log_coeffs, log_b, h0)
+    _check_device_and_envelope(log_coeffs, "log_coeffs")
+    log_coeffs, log_b, h0 = log_coeffs.contiguous(), log_b.contiguous(), h0.contiguous()
+    h = torch.empty_like(log_coeffs)
+    if h.numel() > 0:
+        _scan_fwd(log_coeffs, log_b, h0, h, b_shift=0, h0_log=False, lean=True, reverse=False)
+    return h
+
+
+@triton_op("mingru::log_recurrence_bwd", mutates_args=())
+def log_recurrence_bwd(
+    log_coeffs: Tensor, log_b: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Adjoint of :func:`log_recurrence_fwd`: (d_log_coeffs, d_log_b (B, T, D), d_h0 (B, D)).
+
+    lam_t = grad_h_t + a_{t+1} lam_{t+1}; d lc_t = lam_t a_t h_{t-1} (h_0 = h0); d lb_t = lam_t exp(lb_t);
+    d h0 = a_1 lam_1 for any sign of h0.
+    """
+    _check_recurrence_inputs(log_coeffs, log_b, h0)
+    _check_like("h", h, log_coeffs, "like log_coeffs (B, T, D)")
+    _check_like("grad_h", grad_h, log_coeffs, "like log_coeffs (B, T, D)")
+    check_same_device_dtype({"log_coeffs": log_coeffs, "h": h, "grad_h": grad_h})
+    _check_device_and_envelope(log_coeffs, "log_coeffs")
+    log_coeffs, log_b, h0 = log_coeffs.contiguous(), log_b.contiguous(), h0.contiguous()
+    h, grad_h = h.contiguous(), grad_h.contiguous()
+    d_log_coeffs = torch.empty_like(log_coeffs)
+    d_log_b = torch.empty_like(log_b)
+    d_h0 = torch.zeros_like(h0)
+    if log_coeffs.numel() > 0:
+        _scan_bwd(
+            log_coeffs,
+            log_b,
+            h0,
+            h,
+            grad_h,
+            d_log_coeffs,
+            d_log_b,
+            d_h0,
+            b_shift=0,
+            h0_log=False,
+            reverse=False,
+        )
+    return d_log_coeffs, d_log_b, d_h0
+
+
+def _recurrence_setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:
+    log_coeffs, log_b, h0 = inputs
+    ctx.save_for_backward(log_coeffs, log_b, h0, output)
+
+
+def _recurrence_backward(ctx: Any, grad_h: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    log_coeffs, log_b, h0, h = ctx.saved_tensors
+    return log_recurrence_bwd(log_coeffs, log_b, h0, h, _grad_or_zeros(grad_h, h))
+
+
+log_recurrence_fwd.register_autograd(_recurrence_backward, setup_context=_recurrence_setup_context)
