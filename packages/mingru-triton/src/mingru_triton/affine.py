@@ -1,0 +1,654 @@
+"""Matrix affine scan kernels: k x k transitions acting on k x v states.
+
+Shapes: A (B, T, n, k, k), Bm (B, T, n, k, v), H0 (B, n, k, v). Forward math: Abar_t = A_t ... A_1 (newest on
+the left), Bbar_t = A_t Bbar_{t-1} + B_t from Bbar_0 = 0, and the lean recurrence H_t = A_t H_{t-1} + B_t
+from H0. Adjoint: L_t = G_t + A_{t+1}^T L_{t+1} (reverse in time), dB_t = L^B_t and
+dA_t = L^A_t Abar_{t-1}^T + L^B_t X_{t-1}^T with X = Bbar (X_0 = 0) or H (X_0 = H0); dH0 = A_1^T L^B_1.
+
+Every step multiplies small register tiles padded to powers of two (at least 2). Products use ``tl.dot``
+in IEEE float32 when all tile sides are >= 16 and the input is not float64, else a broadcast multiply and
+sum. Carries are float32 (float64 for float64 inputs).
+
+Envelope: k <= 32 and v <= 64 (:func:`affine_envelope`). Strategies (:func:`_strategy`): "sequential", one
+program per (batch, head) walking T; "chunked", three launches: phase 1 summarises each time chunk (its
+composed transition and its zero-start end state), phase 2 scans the summaries per (batch, head), phase 3
+replays every chunk from its carry-in, recomputing from the inputs and writing the outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op
+
+from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
+from mingru_triton._launch import launch, on_kernel_device
+
+__all__ = [
+    "affine_envelope",
+    "affine_recurrence_bwd",
+    "affine_recurrence_fwd",
+    "affine_scan_bwd",
+    "affine_scan_fwd",
+    "force_strategy",
+]
+
+MAX_K = 32
+"""Largest transition size k the kernels take."""
+MAX_V = 64
+"""Largest number of state columns v the kernels take."""
+MIN_CHUNK = 64
+"""Shortest time chunk the chunked strategy picks on its own."""
+STRATEGIES = ("sequential", "chunked")
+
+_forced: tuple[str, int | None] | None = None
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _mm(a, b, DOT: tl.constexpr):
+    """a (M, K) @ b (K, N): IEEE ``tl.dot`` when ``DOT`` (every side >= 16, float32), else multiply + sum."""
+    c = tl.dot(a, b, input_precision="ieee") if DOT else tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+    return c
+
+
+@triton.jit
+def _fwd_kernel(
+    a_ptr,
+    b_ptr,
+    h0_ptr,
+    abar_ptr,
+    h_ptr,
+    ca_ptr,
+    cb_ptr,
+    T,
+    n,
+    k,
+    v,
+    chunk,
+    NC,
+    NL,
+    C0,
+    KP: tl.constexpr,
+    VP: tl.constexpr,
+    FP64: tl.constexpr,
+    DOT_KK: tl.constexpr,
+    DOT_KV: tl.constexpr,
+    TRACK_P: tl.constexpr,
+    WRITE_ABAR: tl.constexpr,
+    WRITE_H: tl.constexpr,
+    SUMMARY: tl.constexpr,
+    CARRY: tl.constexpr,
+    HAS_H0: tl.constexpr,
+):
+    """One program per (row = b * n + h, chunk): walks steps [c * chunk, min(T, (c + 1) * chunk)).
+
+    The state starts at (I, 0), at (I, H0) when HAS_H0, or at the carries (ca, cb) of this chunk when CARRY.
+    Writes Abar / H per step when asked; with SUMMARY stores the composed product and end state in (ca, cb).
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // NL
+    c = pid % NL + C0
+    slot = row * NC + c
+    b = row // n
+    h = row % n
+    start = c * chunk
+    end = tl.minimum(start + chunk, T)
+    rk = tl.arange(0, KP)
+    ck = tl.arange(0, KP)
+    cv = tl.arange(0, VP)
+    m_kk = (rk[:, None] < k) & (ck[None, :] < k)
+    m_kv = (rk[:, None] < k) & (cv[None, :] < v)
+    o_kk = rk[:, None] * k + ck[None, :]
+    o_kv = rk[:, None] * v + cv[None, :]
+    s_kk = slot * KP * KP + rk[:, None] * KP + ck[None, :]
+    s_kv = slot * KP * VP + rk[:, None] * VP + cv[None, :]
+    kk = k * k
+    kv = k * v
+    base = b * T * n + h
+
+    prod = (rk[:, None] == ck[None, :]).to(ACC)
+    state = tl.zeros((KP, VP), dtype=ACC)
+    if CARRY:
+        state = tl.load(cb_ptr + s_kv)
+        if TRACK_P:
+            prod = tl.load(ca_ptr + s_kk)
+    elif HAS_H0:
+        state = tl.load(h0_ptr + row * kv + o_kv, mask=m_kv, other=0.0).to(ACC)
+
+    for t in range(start, end):
+        step = base + t * n
+        a_t = tl.load(a_ptr + step * kk + o_kk, mask=m_kk, other=0.0).to(ACC)
+        b_t = tl.load(b_ptr + step * kv + o_kv, mask=m_kv, other=0.0).to(ACC)
+        state = _mm(a_t, state, DOT_KV) + b_t
+        if TRACK_P:
+            prod = _mm(a_t, prod, DOT_KK)
+        if WRITE_H:
+            tl.store(h_ptr + step * kv + o_kv, state.to(h_ptr.dtype.element_ty), mask=m_kv)
+        if WRITE_ABAR:
+            tl.store(abar_ptr + step * kk + o_kk, prod.to(abar_ptr.dtype.element_ty), mask=m_kk)
+
+    if SUMMARY:
+        tl.store(ca_ptr + s_kk, prod)
+        tl.store(cb_ptr + s_kv, state)
+
+
+@triton.jit
+def _carry_kernel(
+    h0_ptr,
+    sp_ptr,
+    sa_ptr,
+    sb_ptr,
+    ca_ptr,
+    cb_ptr,
+    n,
+    k,
+    v,
+    NC,
+    KP: tl.constexpr,
+    VP: tl.constexpr,
+    FP64: tl.constexpr,
+    DOT_KK: tl.constexpr,
+    DOT_KV: tl.constexpr,
+    TRACK_A: tl.constexpr,
+    TRACK_B: tl.constexpr,
+    ADD_A: tl.constexpr,
+    EYE_A: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    REVERSE: tl.constexpr,
+):
+    """Phase 2, one program per row: scan the chunk summaries (P_c, EA_c, EB_c) in chunk order (reversed
+    when REVERSE), storing each chunk's carry-in (ca, cb) before applying its map: ka <- P_c ka (+ EA_c when
+    ADD_A), kb <- P_c kb + EB_c. ka starts at I when EYE_A else 0; kb at H0 when HAS_H0 else 0."""
+    ACC = tl.float64 if FP64 else tl.float32
+    row = tl.program_id(0).to(tl.int64)
+    rk = tl.arange(0, KP)
+    ck = tl.arange(0, KP)
+    cv = tl.arange(0, VP)
+    t_kk = rk[:, None] * KP + ck[None, :]
+    t_kv = rk[:, None] * VP + cv[None, :]
+    m_kv = (rk[:, None] < k) & (cv[None, :] < v)
+    ka = tl.zeros((KP, KP), dtype=ACC)
+    if EYE_A:
+        ka = (rk[:, None] == ck[None, :]).to(ACC)
+    kb = tl.zeros((KP, VP), dtype=ACC)
+    if HAS_H0:
+        kb = tl.load(h0_ptr + row * k * v + rk[:, None] * v + cv[None, :], mask=m_kv, other=0.0).to(ACC)
+    for i in range(0, NC - 1):
+        c = NC - 1 - i if REVERSE else i
+        slot = row * NC + c
+        p = tl.load(sp_ptr + slot * KP * KP + t_kk)
+        if TRACK_A:
+            tl.store(ca_ptr + slot * KP * KP + t_kk, ka)
+            ka = _mm(p, ka, DOT_KK)
+            if ADD_A:
+                ka += tl.load(sa_ptr + slot * KP * KP + t_kk)
+        if TRACK_B:
+            tl.store(cb_ptr + slot * KP * VP + t_kv, kb)
+            kb = _mm(p, kb, DOT_KV) + tl.load(sb_ptr + slot * KP * VP + t_kv)
+    last = row * NC if REVERSE else row * NC + NC - 1
+    if TRACK_A:
+        tl.store(ca_ptr + last * KP * KP + t_kk, ka)
+    if TRACK_B:
+        tl.store(cb_ptr + last * KP * VP + t_kv, kb)
+
+
+@triton.jit
+def _bwd_kernel(
+    a_ptr,
+    abar_ptr,
+    x_ptr,
+    h0_ptr,
+    ga_ptr,
+    gb_ptr,
+    da_ptr,
+    db_ptr,
+    dh0_ptr,
+    sp_ptr,
+    sa_ptr,
+    sb_ptr,
+    T,
+    n,
+    k,
+    v,
+    chunk,
+    NC,
+    NL,
+    C0,
+    KP: tl.constexpr,
+    VP: tl.constexpr,
+    FP64: tl.constexpr,
+    DOT_KK: tl.constexpr,
+    DOT_KV: tl.constexpr,
+    HAS_GA: tl.constexpr,
+    HAS_GB: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    WRITE_DH0: tl.constexpr,
+    SUMMARY: tl.constexpr,
+    CARRY: tl.constexpr,
+):
+    """Adjoint, one program per (row, chunk), steps [c * chunk, min(T, (c + 1) * chunk)) in reverse.
+
+    L^A (when HAS_GA) and L^B (when HAS_GB) start at 0, or at the carries (sa, sb) of this chunk when CARRY;
+    L_t = A_{t+1}^T L_{t+1} + G_t. Without SUMMARY writes dB_t = L^B_t and
+    dA_t = L^A_t Abar_{t-1}^T + L^B_t X_{t-1}^T (Abar_0 = I; X_0 = H0 when HAS_H0 else 0) and, for chunk 0
+    when WRITE_DH0, dH0 = A_1^T L^B_1. With SUMMARY stores P = A_{s+1}^T ... A_e^T and the end states.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // NL
+    c = pid % NL + C0
+    slot = row * NC + c
+    b = row // n
+    h = row % n
+    start = c * chunk
+    end = tl.minimum(start + chunk, T)
+    rk = tl.arange(0, KP)
+    ck = tl.arange(0, KP)
+    cv = tl.arange(0, VP)
+    rv = tl.arange(0, VP)
+    m_kk = (rk[:, None] < k) & (ck[None, :] < k)
+    m_kv = (rk[:, None] < k) & (cv[None, :] < v)
+    m_vk = (rv[:, None] < v) & (ck[None, :] < k)
+    o_kk = rk[:, None] * k + ck[None, :]
+    o_kk_t = rk[:, None] + ck[None, :] * k
+    o_kv = rk[:, None] * v + cv[None, :]
+    o_vk_t = rv[:, None] + ck[None, :] * v
+    s_kk = slot * KP * KP + rk[:, None] * KP + ck[None, :]
+    s_kv = slot * KP * VP + rk[:, None] * VP + cv[None, :]
+    kk = k * k
+    kv = k * v
+    base = b * T * n + h
+    eye = (rk[:, None] == ck[None, :]).to(ACC)
+    zero = ck[None, :] * 0  # scalar conditions are broadcast to tiles (the interpreter needs tensor masks)
+
+    nxt = base + end * n
+    a_next = tl.load(a_ptr + nxt * kk + o_kk_t, mask=m_kk & (zero + end < T), other=0.0).to(ACC)
+    la = tl.zeros((KP, KP), dtype=ACC)
+    lb = tl.zeros((KP, VP), dtype=ACC)
+    prod = eye
+    if CARRY:
+        if HAS_GA:
+            la = tl.load(sa_ptr + s_kk)
+        if HAS_GB:
+            lb = tl.load(sb_ptr + s_kv)
+
+    for i in range(0, end - start):
+        t = end - 1 - i
+        step = base + t * n
+        if HAS_GA:
+            la = _mm(a_next, la, DOT_KK) + tl.load(ga_ptr + step * kk + o_kk, mask=m_kk, other=0.0).to(ACC)
+        if HAS_GB:
+            lb = _mm(a_next, lb, DOT_KV) + tl.load(gb_ptr + step * kv + o_kv, mask=m_kv, other=0.0).to(ACC)
+        if SUMMARY:
+            prod = _mm(a_next, prod, DOT_KK)
+        a_next = tl.load(a_ptr + step * kk + o_kk_t, mask=m_kk, other=0.0).to(ACC)
+        if not SUMMARY:
+            prev = step - n
+            d_a = tl.zeros((KP, KP), dtype=ACC)
+            if HAS_GA:
+                abar_t = tl.load(abar_ptr + prev * kk + o_kk_t, mask=m_kk & (zero + t > 0), other=0.0).to(ACC)
+                d_a += _mm(la, tl.where(zero + t > 0, abar_t, eye), DOT_KK)
+            if HAS_GB:
+                x_t = tl.load(x_ptr + prev * kv + o_vk_t, mask=m_vk & (zero + t > 0), other=0.0).to(ACC)
+                if HAS_H0:
+                    x_t += tl.load(h0_ptr + row * kv + o_vk_t, mask=m_vk & (zero + t == 0), other=0.0).to(ACC)
+                d_a += _mm(lb, x_t, DOT_KV)
+                tl.store(db_ptr + step * kv + o_kv, lb.to(db_ptr.dtype.element_ty), mask=m_kv)
+            tl.store(da_ptr + step * kk + o_kk, d_a.to(da_ptr.dtype.element_ty), mask=m_kk)
+
+    if SUMMARY:
+        tl.store(sp_ptr + s_kk, prod)
+        if HAS_GA:
+            tl.store(sa_ptr + s_kk, la)
+        if HAS_GB:
+            tl.store(sb_ptr + s_kv, lb)
+    if WRITE_DH0:
+        dh0 = _mm(a_next, lb, DOT_KV)
+        tl.store(
+            dh0_ptr + row * kv + o_kv,
+            dh0.to(dh0_ptr.dtype.element_ty),
+            mask=m_kv & (cv[None, :] * 0 + c == 0),
+        )
+
+
+# ------------------------------------------------------------------------------------------ heuristics
+
+
+def affine_envelope(A: Tensor, Bm: Tensor) -> str | None:
+    """None when the affine kernels take A (B, T, n, k, k) and Bm (B, T, n, k, v), else the reason why not.
+
+    Reads shapes only. Limits: 1 <= k <= 32 and 1 <= v <= 64 (any sizes, powers of two or not) and
+    B * n < 2^31. Devices, dtypes and the agreement of the shapes are checked elsewhere.
+    """
+    if A.dim() != 5 or Bm.dim() != 5:
+        return (
+            f"the affine kernel takes A (B, T, n, k, k) and Bm (B, T, n, k, v), got shapes {tuple(A.shape)} "
+            f"and {tuple(Bm.shape)}"
+        )
+    k, v = A.shape[-1], Bm.shape[-1]
+    if not 1 <= k <= MAX_K:
+        return f"k must be in [1, {MAX_K}] for the affine kernel, got k={k}"
+    if not 1 <= v <= MAX_V:
+        return f"v must be in [1, {MAX_V}] for the affine kernel, got v={v}"
+    if A.shape[0] * A.shape[2] >= 2**31:
+        return f"B * n must be < 2^31 for the affine kernel, got B * n = {A.shape[0] * A.shape[2]}"
+    return None
+
+
+@contextlib.contextmanager
+def force_strategy(name: str, chunk: int | None = None) -> Iterator[None]:
+    """Within the block every affine launch uses strategy ``name`` ("sequential" or "chunked"); ``chunk``
+    sets the chunk length of the chunked strategy (default: a quarter of T). For tests and benchmarks."""
+    global _forced
+    if name not in STRATEGIES:
+        raise ValueError(f"name must be one of {STRATEGIES}, got {name!r}")
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be a positive int, got {chunk}")
+    previous, _forced = _forced, (name, chunk)
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; 132 (an H200) off CUDA."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return 132
+
+
+def _strategy(rows: int, steps: int, sms: int = 132) -> tuple[str, int]:
+    """(strategy, chunk length) for ``rows`` = B * n independent scans of ``steps`` steps.
+
+    Sequential (chunk = T) when the rows alone give >= 2 programs per SM or T < 2 * MIN_CHUNK. Otherwise
+    chunked with min(ceil(4 * SMs / rows), T // MIN_CHUNK, isqrt(T)) chunks: about four programs per SM,
+    chunks of >= MIN_CHUNK steps, and a phase-2 scan (one step per chunk) no longer than a chunk.
+    """
+    if _forced is not None:
+        name, chunk = _forced
+        if name == "sequential" or steps < 2:
+            return "sequential", max(steps, 1)
+        chunk = chunk if chunk is not None else triton.cdiv(steps, 4)
+        return "chunked", min(chunk, triton.cdiv(steps, 2))
+    if rows >= 2 * sms or steps < 2 * MIN_CHUNK:
+        return "sequential", max(steps, 1)
+    chunks = min(triton.cdiv(4 * sms, rows), steps // MIN_CHUNK, math.isqrt(steps))
+    if chunks < 2:
+        return "sequential", steps
+    return "chunked", triton.cdiv(steps, chunks)
+
+
+def _pow2(x: int) -> int:
+    return max(2, triton.next_power_of_2(x))
+
+
+def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
+    """Tile sizes (k, v padded to powers of two >= 2), the tl.dot switches and num_warps.
+
+    tl.dot (IEEE float32) for float32 inputs when k and v are both >= 16, so that every product of a kernel
+    takes the same path; other dtypes and sizes multiply and sum (float16 inputs with k = 16, v = 4 gave a
+    wrong dA on the H200 with tl.dot for the k x k products alone). num_warps: one per 1024 elements of the
+    largest broadcast product (KP * KP * max(KP, VP)), 1 to 16; with tl.dot at least 4, and 8 for k > 16
+    (fewer spill registers on sm_90).
+    """
+    kp, vp = _pow2(k), _pow2(v)
+    fp64 = int(dtype == torch.float64)
+    dot_kk = int(dtype == torch.float32 and kp >= 16 and vp >= 16)
+    dot_kv = dot_kk
+    broadcast = max(0 if dot_kk else kp**3, 0 if dot_kv else kp * kp * vp)
+    warps = min(16, triton.next_power_of_2(max(1, broadcast // 1024)))
+    if dot_kk:
+        warps = max(warps, 8 if kp >= 32 else 4)
+    return {"KP": kp, "VP": vp, "FP64": fp64, "DOT_KK": dot_kk, "DOT_KV": dot_kv, "num_warps": warps}
+
+
+# ---------------------------------------------------------------------------------------------- drivers
+
+
+def _forward(A: Tensor, Bm: Tensor, H0: Tensor | None, Abar: Tensor | None, H: Tensor) -> None:
+    """Write H (and Abar when given) for contiguous A, Bm (and H0)."""
+    batch, steps, heads, k, _ = A.shape
+    v = Bm.shape[-1]
+    rows = batch * heads
+    if rows * steps == 0:
+        return
+    cfg = _config(k, v, A.dtype)
+    name, chunk = _strategy(rows, steps, _num_sms(A.device))
+    abar, has_h0 = int(Abar is not None), int(H0 is not None)
+    h0 = H if H0 is None else H0
+    out_a = H if Abar is None else Abar
+    dims = (steps, heads, k, v)
+    write = {"TRACK_P": abar, "WRITE_ABAR": abar, "WRITE_H": 1, "SUMMARY": 0}
+    if name == "sequential":
+        args: tuple[Any, ...] = (A, Bm, h0, out_a, H, H, H, *dims, steps, 1, 1, 0)
+        launch(_fwd_kernel, (rows,), *args, CARRY=0, HAS_H0=has_h0, **write, **cfg)
+        return
+    nc = triton.cdiv(steps, chunk)
+    sp, sb = _buffers(rows * nc, cfg, A, (True, True))
+    ca, cb = _buffers(rows * nc, cfg, A, (bool(abar), True))
+    # phase 1: chunks 0 .. nc - 2 summarise themselves (the last one's summary is never used)
+    args = (A, Bm, H, H, H, sp, sb, *dims, chunk, nc, nc - 1, 0)
+    summary = {"TRACK_P": 1, "WRITE_ABAR": 0, "WRITE_H": 0, "SUMMARY": 1}
+    launch(_fwd_kernel, (rows * (nc - 1),), *args, CARRY=0, HAS_H0=0, **summary, **cfg)
+    # phase 2: carries in chunk order from (I, H0)
+    args = (h0, sp, sp, sb, ca, cb, heads, k, v, nc)
+    scan = {"TRACK_A": abar, "TRACK_B": 1, "ADD_A": 0, "EYE_A": 1, "HAS_H0": has_h0, "REVERSE": 0}
+    launch(_carry_kernel, (rows,), *args, **scan, **cfg)
+    # phase 3: every chunk replays from its carry
+    args = (A, Bm, H, out_a, H, ca, cb, *dims, chunk, nc, nc, 0)
+    launch(_fwd_kernel, (rows * nc,), *args, CARRY=1, HAS_H0=0, **write, **cfg)
+
+
+def _backward(
+    A: Tensor,
+    Abar: Tensor | None,
+    X: Tensor,
+    H0: Tensor | None,
+    gA: Tensor | None,
+    gB: Tensor | None,
+    dA: Tensor,
+    dB: Tensor,
+    dH0: Tensor | None,
+) -> None:
+    """Write dA, dB (when gB is given) and dH0 (when given) for contiguous inputs; X is Bbar or H."""
+    batch, steps, heads, k, _ = A.shape
+    v = X.shape[-1]
+    rows = batch * heads
+    if rows * steps == 0 or (gA is None and gB is None):
+        return
+    cfg = _config(k, v, A.dtype)
+    name, chunk = _strategy(rows, steps, _num_sms(A.device))
+    has = {"HAS_GA": int(gA is not None), "HAS_GB": int(gB is not None)}
+    ptrs = tuple(dA if x is None else x for x in (Abar, X, H0, gA, gB))
+    outs = (dA, dB, dA if dH0 is None else dH0)
+    dims = (steps, heads, k, v)
+    ends = {"HAS_H0": int(H0 is not None), "WRITE_DH0": int(dH0 is not None), "SUMMARY": 0}
+    if name == "sequential":
+        args: tuple[Any, ...] = (A, *ptrs, *outs, dA, dA, dA, *dims, steps, 1, 1, 0)
+        launch(_bwd_kernel, (rows,), *args, CARRY=0, **ends, **has, **cfg)
+        return
+    nc = triton.cdiv(steps, chunk)
+    tracked = (True, gA is not None, gB is not None)
+    sp, sa, sb = _buffers(rows * nc, cfg, A, tracked)
+    _, ca, cb = _buffers(rows * nc, cfg, A, (False, *tracked[1:]))
+    # phase 1: chunks 1 .. nc - 1 summarise themselves (chunk 0's summary is never used)
+    args = (A, *ptrs, *outs, sp, sa, sb, *dims, chunk, nc, nc - 1, 1)
+    summary = {"HAS_H0": 0, "WRITE_DH0": 0, "SUMMARY": 1}
+    launch(_bwd_kernel, (rows * (nc - 1),), *args, CARRY=0, **summary, **has, **cfg)
+    # phase 2: carries in reverse chunk order from L = 0
+    args = (dA, sp, sa, sb, ca, cb, heads, k, v, nc)
+    scan = {"TRACK_A": has["HAS_GA"], "TRACK_B": has["HAS_GB"], "ADD_A": 1, "EYE_A": 0, "HAS_H0": 0}
+    launch(_carry_kernel, (rows,), *args, REVERSE=1, **scan, **cfg)
+    # phase 3: every chunk replays from its carry
+    args = (A, *ptrs, *outs, sp, ca, cb, *dims, chunk, nc, nc, 0)
+    launch(_bwd_kernel, (rows * nc,), *args, CARRY=1, **ends, **has, **cfg)
+
+
+def _buffers(slots: int, cfg: dict[str, int], like: Tensor, wanted: tuple[bool, ...]) -> tuple[Tensor, ...]:
+    """Per-(row, chunk) summary or carry tiles in the accumulation dtype: a (slots, KP, KP) tile for a
+    wanted k x k entry and a (slots, KP, VP) tile for the last; an unwanted entry is a placeholder."""
+    dtype = torch.float64 if cfg["FP64"] else torch.float32
+    placeholder = like.new_empty((1,), dtype=dtype)
+    sides = [cfg["KP"]] * (len(wanted) - 1) + [cfg["VP"]]
+    return tuple(
+        like.new_empty((slots, cfg["KP"], side), dtype=dtype) if want else placeholder
+        for want, side in zip(wanted, sides, strict=True)
+    )
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+
+def _check_kernel_inputs(A: Tensor, Bm: Tensor) -> None:
+    """Raise ValueError when A is not on a kernel device or (A, Bm) is outside :func:`affine_envelope`."""
+    if not on_kernel_device(A):
+        raise ValueError(
+            f"A must be a CUDA tensor (or a CPU tensor under TRITON_INTERPRET=1), got device {A.device}"
+        )
+    reason = affine_envelope(A, Bm)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def _check_operands(A: object, X: object, name: str) -> None:
+    """Check A (B, T, n, k, k) and ``name`` = X (B, T, n, k, v): floating, matching, one device and dtype."""
+    A = check_float_tensor("A", A, 5, "(B, T, n, k, k)")
+    X = check_float_tensor(name, X, 5, "(B, T, n, k, v)")
+    if A.shape[-1] != A.shape[-2]:
+        raise ValueError(f"A must hold square k x k matrices (B, T, n, k, k), got shape {tuple(A.shape)}")
+    check_shape(name, X, (*A.shape[:4], X.shape[-1]), "(B, T, n, k, v) matching A")
+    check_same_device_dtype({"A": A, name: X})
+
+
+def _check_like(named: dict[str, Tensor | None], like: Tensor, layout: str) -> None:
+    """Check every non-None tensor of ``named`` against ``like``'s shape, device and dtype."""
+    for name, value in named.items():
+        if value is not None:
+            check_float_tensor(name, value, like.dim(), layout)
+            check_shape(name, value, tuple(like.shape), layout)
+            check_same_device_dtype({"A": like, name: value})
+
+
+def _check_state(name: str, value: object, A: Tensor, v: int) -> Tensor:
+    """Check that ``value`` is a (B, n, k, v) state matching A (same device and dtype)."""
+    batch, _, heads, k, _ = A.shape
+    value = check_float_tensor(name, value, 4, "(B, n, k, v)")
+    check_shape(name, value, (batch, heads, k, v), "(B, n, k, v)")
+    check_same_device_dtype({"A": A, name: value})
+    return value
+
+
+# --------------------------------------------------------------------------------------------------- ops
+
+
+@triton_op("mingru::affine_scan_fwd", mutates_args=())
+def affine_scan_fwd(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
+    """Matrix affine prefix scan: A (B, T, n, k, k), Bm (B, T, n, k, v) -> (Abar like A, Bbar like Bm).
+
+    Abar_t = A_t ... A_1 and Bbar_t = A_t Bbar_{t-1} + B_t (Bbar_0 = 0). Raises TypeError/ValueError on bad
+    inputs and ValueError outside :func:`affine_envelope`.
+    """
+    _check_operands(A, Bm, "Bm")
+    _check_kernel_inputs(A, Bm)
+    A, Bm = A.contiguous(), Bm.contiguous()
+    Abar, Bbar = torch.empty_like(A), torch.empty_like(Bm)
+    _forward(A, Bm, None, Abar, Bbar)
+    return Abar, Bbar
+
+
+@triton_op("mingru::affine_scan_bwd", mutates_args=())
+def affine_scan_bwd(
+    A: Tensor, Abar: Tensor, Bbar: Tensor, gAbar: Tensor | None, gBbar: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Adjoint of :func:`affine_scan_fwd` -> (dA like A, dB like Bbar); a None grad counts as zeros.
+
+    L_t = G_t + A_{t+1}^T L_{t+1} on both grads; dB_t = L^B_t, dA_t = L^A_t Abar_{t-1}^T + L^B_t Bbar_{t-1}^T
+    (Abar_0 = I, Bbar_0 = 0). Raises TypeError/ValueError on bad inputs.
+    """
+    _check_operands(A, Bbar, "Bbar")
+    _check_like({"Abar": Abar, "gAbar": gAbar}, A, "(B, T, n, k, k) like A")
+    _check_like({"gBbar": gBbar}, Bbar, "(B, T, n, k, v) like Bbar")
+    _check_kernel_inputs(A, Bbar)
+    A, Abar, Bbar = A.contiguous(), Abar.contiguous(), Bbar.contiguous()
+    gAbar = None if gAbar is None else gAbar.contiguous()
+    gBbar = None if gBbar is None else gBbar.contiguous()
+    dA = torch.empty_like(A) if gAbar is not None or gBbar is not None else torch.zeros_like(A)
+    dB = torch.empty_like(Bbar) if gBbar is not None else torch.zeros_like(Bbar)
+    _backward(A, Abar, Bbar, None, gAbar, gBbar, dA, dB, None)
+    return dA, dB
+
+
+@triton_op("mingru::affine_recurrence_fwd", mutates_args=())
+def affine_recurrence_fwd(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
+    """H_t = A_t H_{t-1} + B_t from H0: A (B, T, n, k, k), Bm (B, T, n, k, v), H0 (B, n, k, v) -> H like Bm.
+
+    Writes only H (no Abar). Raises TypeError/ValueError on bad inputs, ValueError outside the envelope.
+    """
+    _check_operands(A, Bm, "Bm")
+    _check_state("H0", H0, A, Bm.shape[-1])
+    _check_kernel_inputs(A, Bm)
+    A, Bm, H0 = A.contiguous(), Bm.contiguous(), H0.contiguous()
+    H = torch.empty_like(Bm)
+    _forward(A, Bm, H0, None, H)
+    return H
+
+
+@triton_op("mingru::affine_recurrence_bwd", mutates_args=())
+def affine_recurrence_bwd(A: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Adjoint of :func:`affine_recurrence_fwd` -> (dA like A, dB like H, dH0 like H0).
+
+    L_t = grad_H_t + A_{t+1}^T L_{t+1}; dB_t = L_t, dA_t = L_t H_{t-1}^T (H_0 = H0), dH0 = A_1^T L_1.
+    Raises TypeError/ValueError on bad inputs.
+    """
+    _check_operands(A, H, "H")
+    _check_state("H0", H0, A, H.shape[-1])
+    _check_like({"grad_H": grad_H}, H, "(B, T, n, k, v) like H")
+    _check_kernel_inputs(A, H)
+    A, H0, H, grad_H = A.contiguous(), H0.contiguous(), H.contiguous(), grad_H.contiguous()
+    dA, dB, dH0 = torch.empty_like(A), torch.empty_like(H), torch.zeros_like(H0)
+    _backward(A, None, H, H0, None, grad_H, dA, dB, dH0)
+    return dA, dB, dH0
+
+
+def _scan_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(inputs[0], *output)
+
+
+def _scan_backward(ctx: Any, gAbar: Tensor | None, gBbar: Tensor | None) -> tuple[Tensor, Tensor]:
+    A, Abar, Bbar = ctx.saved_tensors
+    return affine_scan_bwd(A, Abar, Bbar, gAbar, gBbar)
+
+
+def _recurrence_setup(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(inputs[0], inputs[2], output)
+
+
+def _recurrence_backward(ctx: Any, grad_H: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    A, H0, H = ctx.saved_tensors
+    if grad_H is None:
+        grad_H = torch.zeros_like(H)
+    return affine_recurrence_bwd(A, H0, H, grad_H)
+
+
+affine_scan_fwd.register_autograd(_scan_backward, setup_context=_scan_setup)
+affine_recurrence_fwd.register_autograd(_recurrence_backward, setup_context=_recurrence_setup)
