@@ -1,0 +1,533 @@
+"""Angle-fused (rotation) scan kernels: ``mingru::angle_scan_fwd`` and ``mingru::angle_scan_bwd``.
+
+Shapes: theta (B, T, n, R, k/2), scale and gamma (B, T, n), b (B, T, n, k), h0 (B, n, k), perm / sgn / p2p
+(R, k). Math: h_t = c_t L_t(h_{t-1}) + b_t with c_t = scale_t^[has_scale] gamma_t^[has_decay] and
+L_t = L_{R-1} ... L_0, layer r: x~ = sgn[r] * x, y_i = cos x~_i - sin x~_j (i < j = perm[r, i]) and
+y_i = sin x~_j + cos x~_i (i > j), angle theta[..., r, p2p[r, i]]. The layers are applied in registers
+(partner entries through ``tl.gather``); carries are float32 (float64 for float64 inputs).
+
+Two strategies, chosen by :func:`_strategy` from the shapes (tests force one with :func:`force_strategy`):
+
+- ``"sequential"``: one program per (batch, block of heads) walks all of T with the state in registers.
+- ``"chunked"``: T is cut into chunks. Phase 1 composes each chunk's transition c_t L_t into a k x k matrix
+  (the layers applied to the identity) and its zero-start end state; phase 2 scans the chunk summaries per
+  (batch, head); phase 3 replays every chunk from its carry-in with the vector path. The backward runs the
+  same three phases in reverse time on the adjoint.
+
+Envelope (:func:`angle_envelope`): k even with 2 <= k <= 128, 0 <= R <= 16.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op
+
+from mingru.scans.angle import check_angle_inputs
+from mingru_triton._launch import is_fp64, launch, on_kernel_device
+
+__all__ = ["angle_envelope", "angle_scan_bwd", "angle_scan_fwd", "force_strategy"]
+
+MAX_K = 128
+MAX_LAYERS = 16
+MAX_CHUNKED_K = 32
+STRATEGIES = ("sequential", "chunked")
+_FORCED: list[str] = []
+
+
+def angle_envelope(theta: Tensor, b: Tensor) -> str | None:
+    """None when the angle kernels take theta (B, T, n, R, k/2) and b (B, T, n, k), else the reason.
+
+    Limits: the state size k even with 2 <= k <= 128; 0 <= R (rotation layers) <= 16. Shapes are read only.
+    """
+    k, layers = b.shape[-1], theta.shape[-2]
+    if k < 2 or k % 2:
+        return f"k must be even and >= 2 for the angle kernel, got k={k}"
+    if k > MAX_K:
+        return f"k must be <= {MAX_K} for the angle kernel, got k={k}"
+    if layers > MAX_LAYERS:
+        return f"R (rotation layers) must be <= {MAX_LAYERS} for the angle kernel, got R={layers}"
+    return None
+
+
+@contextmanager
+def force_strategy(name: str) -> Iterator[None]:
+    """Within the block, run the angle ops with strategy ``name`` ("sequential" or "chunked")."""
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r}")
+    _FORCED.append(name)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def _block_heads(batch: int, heads: int, k: int, sms: int) -> int:
+    """Heads per program of the vector path: a tile of up to 256 state entries, shrunk (down to one head)
+    until there are at least four programs per SM."""
+    block_k = triton.next_power_of_2(k)
+    block = min(triton.next_power_of_2(heads), max(1, 256 // block_k))
+    while block > 1 and batch * triton.cdiv(heads, block) < 4 * sms:
+        block //= 2
+    return block
+
+
+def _warps(tile: int) -> int:
+    return 1 if tile <= 64 else 2 if tile <= 256 else 4
+
+
+def _strategy(batch: int, steps: int, heads: int, k: int, device: torch.device) -> tuple[str, int]:
+    """(strategy, chunk length). Chunked when k <= 32, (batch, head) rows fill under two programs per SM
+    and T is long enough for at least four chunks of >= 64 steps; chunks give ~4 programs per SM."""
+    sms = _sm_count(device)
+    rows = batch * heads
+    chunk = max(64, triton.next_power_of_2(triton.cdiv(steps * rows, 4 * sms)))
+    forced = _FORCED[-1] if _FORCED else None
+    if forced == "chunked":
+        return "chunked", max(1, min(chunk, triton.cdiv(steps, 3))) if steps > 1 else 1
+    if forced == "sequential":
+        return "sequential", steps
+    if k <= MAX_CHUNKED_K and rows < 2 * sms and steps >= 4 * chunk:
+        return "chunked", chunk
+    return "sequential", steps
+
+
+@triton.jit
+def _fwd_kernel(
+    theta_ptr, scale_ptr, gamma_ptr, b_ptr, init_ptr, perm_ptr, sgn_ptr, p2p_ptr, out_ptr,
+    T, n, n_hblocks, NC, CHUNK,
+    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
+):  # fmt: skip
+    """Vector path over steps [c*CHUNK, min(T, (c+1)*CHUNK)) of a (batch, head block) from the carry-in
+    init (B, NC, n, k) (h0 itself when NC == 1); writes h to out."""
+    pid = tl.program_id(0).to(tl.int64)
+    c = pid % NC
+    rest = pid // NC
+    hb = rest % n_hblocks
+    bi = rest // n_hblocks
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    lanes = tl.arange(0, BLOCK_K)
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    hmask = heads < n
+    kmask = lanes < K
+    mask = hmask[:, None] & kmask[None, :]
+    x = tl.load(init_ptr + ((bi * NC + c) * n + heads)[:, None] * K + lanes[None, :], mask=mask).to(WT)
+    for s in range(0, CHUNK):
+        t = c * CHUNK + s
+        live = hmask & (heads * 0 + t < T)
+        tmask = live[:, None] & kmask[None, :]
+        row = (bi * T + t) * n + heads
+        theta_base = (row * R * HALF)[:, None]
+        for r in tl.static_range(R):
+            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            partner = tl.where(kmask, partner, lanes)
+            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
+            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
+            th = tl.load(theta_ptr + theta_base + r * HALF + angle[None, :], mask=tmask, other=0.0)
+            cs = tl.cos(th.to(WT))
+            sn = tl.sin(th.to(WT))
+            xs = x * sign[None, :]
+            idx = tl.broadcast_to(partner[None, :], (BLOCK_H, BLOCK_K))
+            x = cs * xs + side[None, :] * sn * tl.gather(xs, idx, 1)
+        if HAS_SCALE:
+            x = x * tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)[:, None]
+        if HAS_DECAY:
+            x = x * tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)[:, None]
+        offs = row[:, None] * K + lanes[None, :]
+        x = x + tl.load(b_ptr + offs, mask=tmask, other=0.0).to(WT)
+        tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=tmask)
+
+
+@triton.jit
+def _bwd_kernel(
+    theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, perm_ptr, sgn_ptr, p2p_ptr, carry_ptr,
+    dtheta_ptr, dscale_ptr, dgamma_ptr, db_ptr, dh0_ptr,
+    T, n, n_hblocks, NC, CHUNK,
+    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, CARRY_IN: tl.constexpr, FP64: tl.constexpr,
+):  # fmt: skip
+    """Adjoint over steps [c*CHUNK, min(T, (c+1)*CHUNK)) in reverse, from the carry (B, NC, n, k) holding
+    A_{t+1}^T lam_{t+1} at the chunk's last step (zero when not CARRY_IN). lam_t = grad_t + carry,
+    db_t = lam_t, dc_t = lam_t . L_t(h_{t-1}), dtheta through the layers, carry = c_t L_t^T lam_t;
+    chunk 0 writes its last carry as dh0."""
+    pid = tl.program_id(0).to(tl.int64)
+    c = pid % NC
+    rest = pid // NC
+    hb = rest % n_hblocks
+    bi = rest // n_hblocks
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    lanes = tl.arange(0, BLOCK_K)
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    hmask = heads < n
+    kmask = lanes < K
+    mask = hmask[:, None] & kmask[None, :]
+    state = (bi * n + heads)[:, None] * K + lanes[None, :]
+    if CARRY_IN:
+        carry_offs = ((bi * NC + c) * n + heads)[:, None] * K + lanes[None, :]
+        carry = tl.load(carry_ptr + carry_offs, mask=mask, other=0.0).to(WT)
+    else:
+        carry = tl.zeros((BLOCK_H, BLOCK_K), dtype=tl.float32).to(WT)
+    for s in range(0, CHUNK):
+        t = c * CHUNK + CHUNK - 1 - s
+        live = hmask & (heads * 0 + t < T)
+        tmask = live[:, None] & kmask[None, :]
+        row = (bi * T + t) * n + heads
+        offs = row[:, None] * K + lanes[None, :]
+        theta_base = (row * R * HALF)[:, None]
+        lam = carry + tl.load(grad_ptr + offs, mask=tmask, other=0.0).to(WT)
+        tl.store(db_ptr + offs, lam.to(db_ptr.dtype.element_ty), mask=tmask)
+        first = (heads * 0 + t == 0)[:, None]
+        prev = tl.load(out_ptr + offs - n * K, mask=tmask & ~first, other=0.0).to(WT)
+        prev += tl.load(h0_ptr + state, mask=tmask & first, other=0.0).to(WT)
+        x = prev
+        for r in tl.static_range(R):
+            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            partner = tl.where(kmask, partner, lanes)
+            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
+            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
+            th = tl.load(theta_ptr + theta_base + r * HALF + angle[None, :], mask=tmask, other=0.0)
+            cs = tl.cos(th.to(WT))
+            sn = tl.sin(th.to(WT))
+            xs = x * sign[None, :]
+            idx = tl.broadcast_to(partner[None, :], (BLOCK_H, BLOCK_K))
+            x = cs * xs + side[None, :] * sn * tl.gather(xs, idx, 1)
+        dc = tl.sum(lam * x, axis=1)
+        factor = tl.full((BLOCK_H,), 1.0, tl.float32).to(WT)
+        if HAS_SCALE:
+            scale = tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
+            factor = factor * scale
+        if HAS_DECAY:
+            gamma = tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
+            factor = factor * gamma
+            if HAS_SCALE:
+                tl.store(dscale_ptr + row, (dc * gamma).to(dscale_ptr.dtype.element_ty), mask=live)
+                tl.store(dgamma_ptr + row, (dc * scale).to(dgamma_ptr.dtype.element_ty), mask=live)
+            else:
+                tl.store(dgamma_ptr + row, dc.to(dgamma_ptr.dtype.element_ty), mask=live)
+        elif HAS_SCALE:
+            tl.store(dscale_ptr + row, dc.to(dscale_ptr.dtype.element_ty), mask=live)
+        u = lam * factor[:, None]
+        for q in tl.static_range(R):
+            r = R - 1 - q
+            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            partner = tl.where(kmask, partner, lanes)
+            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
+            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
+            th = tl.load(theta_ptr + theta_base + r * HALF + angle[None, :], mask=tmask, other=0.0)
+            cs = tl.cos(th.to(WT))
+            sn = tl.sin(th.to(WT))
+            idx = tl.broadcast_to(partner[None, :], (BLOCK_H, BLOCK_K))
+            ssn = side[None, :] * sn
+            # the layer's input (signed): the transpose of the rotation undoes it
+            xs = cs * x - ssn * tl.gather(x, idx, 1)
+            grad_angle = u * (side[None, :] * cs * tl.gather(xs, idx, 1) - sn * xs)
+            pair = grad_angle + tl.gather(grad_angle, idx, 1)
+            keep = tmask & (lanes < partner)[None, :]
+            tl.store(
+                dtheta_ptr + theta_base + r * HALF + angle[None, :],
+                pair.to(dtheta_ptr.dtype.element_ty),
+                mask=keep,
+            )
+            u = (cs * u - ssn * tl.gather(u, idx, 1)) * sign[None, :]
+            x = xs * sign[None, :]
+        carry = u
+    tl.store(dh0_ptr + state, carry.to(dh0_ptr.dtype.element_ty), mask=mask & (heads * 0 + c == 0)[:, None])
+
+
+@triton.jit
+def _fwd_summary_kernel(
+    theta_ptr, scale_ptr, gamma_ptr, b_ptr, perm_ptr, sgn_ptr, p2p_ptr, mat_ptr, end_ptr,
+    T, n, NC, CHUNK,
+    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
+):  # fmt: skip
+    """Chunked phase 1: per (batch, head, chunk) the product M of c_t L_t over the chunk (newest on the
+    left, the layers applied to the columns of the identity) and the zero-start end state e.
+    mat (B, n, NC, k, k), end (B, n, NC, k)."""
+    pid = tl.program_id(0).to(tl.int64)
+    c = pid % NC
+    rest = pid // NC
+    head = rest % n
+    bi = rest // n
+    lanes = tl.arange(0, BLOCK_K)
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    kmask = lanes < K
+    mmask = kmask[:, None] & kmask[None, :]
+    mat = ((lanes[:, None] == lanes[None, :]).to(tl.float32)).to(WT)
+    end = tl.zeros((BLOCK_K,), dtype=tl.float32).to(WT)
+    for s in range(0, CHUNK):
+        t = c * CHUNK + s
+        live = kmask & (lanes * 0 + t < T)
+        row = (bi * T + t) * n + head
+        for r in tl.static_range(R):
+            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            partner = tl.where(kmask, partner, lanes)
+            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
+            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
+            th = tl.load(theta_ptr + (row * R + r) * HALF + angle, mask=live, other=0.0).to(WT)
+            cs = tl.cos(th)
+            ssn = side * tl.sin(th)
+            ms = mat * sign[:, None]
+            idx = tl.broadcast_to(partner[:, None], (BLOCK_K, BLOCK_K))
+            mat = cs[:, None] * ms + ssn[:, None] * tl.gather(ms, idx, 0)
+            es = end * sign
+            end = cs * es + ssn * tl.gather(es, partner, 0)
+        if HAS_SCALE:
+            factor = tl.load(scale_ptr + row + lanes * 0, mask=live, other=1.0).to(WT)
+            mat = mat * factor[:, None]
+            end = end * factor
+        if HAS_DECAY:
+            factor = tl.load(gamma_ptr + row + lanes * 0, mask=live, other=1.0).to(WT)
+            mat = mat * factor[:, None]
+            end = end * factor
+        end = end + tl.load(b_ptr + row * K + lanes, mask=live, other=0.0).to(WT)
+    tl.store(mat_ptr + pid * K * K + lanes[:, None] * K + lanes[None, :], mat, mask=mmask)
+    tl.store(end_ptr + pid * K + lanes, end, mask=kmask)
+
+
+@triton.jit
+def _bwd_summary_kernel(
+    theta_ptr, scale_ptr, gamma_ptr, grad_ptr, perm_ptr, sgn_ptr, p2p_ptr, mat_ptr, end_ptr,
+    T, n, NC, CHUNK,
+    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
+):  # fmt: skip
+    """Chunked backward phase 1: per (batch, head, chunk) N = A_{t0}^T ... A_{t1-1}^T (A_t = c_t L_t) and
+    the adjoint carry z leaving the chunk when none enters it. mat (B, n, NC, k, k), end (B, n, NC, k)."""
+    pid = tl.program_id(0).to(tl.int64)
+    c = pid % NC
+    rest = pid // NC
+    head = rest % n
+    bi = rest // n
+    lanes = tl.arange(0, BLOCK_K)
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    kmask = lanes < K
+    mmask = kmask[:, None] & kmask[None, :]
+    mat = ((lanes[:, None] == lanes[None, :]).to(tl.float32)).to(WT)
+    end = tl.zeros((BLOCK_K,), dtype=tl.float32).to(WT)
+    for s in range(0, CHUNK):
+        t = c * CHUNK + CHUNK - 1 - s
+        live = kmask & (lanes * 0 + t < T)
+        row = (bi * T + t) * n + head
+        end = end + tl.load(grad_ptr + row * K + lanes, mask=live, other=0.0).to(WT)
+        if HAS_SCALE:
+            factor = tl.load(scale_ptr + row + lanes * 0, mask=live, other=1.0).to(WT)
+            mat = mat * factor[:, None]
+            end = end * factor
+        if HAS_DECAY:
+            factor = tl.load(gamma_ptr + row + lanes * 0, mask=live, other=1.0).to(WT)
+            mat = mat * factor[:, None]
+            end = end * factor
+        for q in tl.static_range(R):
+            r = R - 1 - q
+            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            partner = tl.where(kmask, partner, lanes)
+            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
+            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
+            th = tl.load(theta_ptr + (row * R + r) * HALF + angle, mask=live, other=0.0).to(WT)
+            cs = tl.cos(th)
+            ssn = side * tl.sin(th)
+            idx = tl.broadcast_to(partner[:, None], (BLOCK_K, BLOCK_K))
+            mat = (cs[:, None] * mat - ssn[:, None] * tl.gather(mat, idx, 0)) * sign[:, None]
+            end = (cs * end - ssn * tl.gather(end, partner, 0)) * sign
+    tl.store(mat_ptr + pid * K * K + lanes[:, None] * K + lanes[None, :], mat, mask=mmask)
+    tl.store(end_ptr + pid * K + lanes, end, mask=kmask)
+
+
+@triton.jit
+def _carry_kernel(
+    mat_ptr, end_ptr, init_ptr, carry_ptr, n, NC,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, REVERSE: tl.constexpr, FP64: tl.constexpr,
+):  # fmt: skip
+    """Chunked phase 2 per (batch, head): carry_c = the state entering chunk c,
+    carry_{c+1} = M_c carry_c + e_c from init (h0 (B, n, k)); REVERSE: from zero,
+    carry_{c-1} = N_c carry_c + z_c. carry (B, NC, n, k)."""
+    pid = tl.program_id(0).to(tl.int64)
+    head = pid % n
+    bi = pid // n
+    lanes = tl.arange(0, BLOCK_K)
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    kmask = lanes < K
+    mmask = kmask[:, None] & kmask[None, :]
+    if REVERSE:
+        state = tl.zeros((BLOCK_K,), dtype=tl.float32).to(WT)
+    else:
+        state = tl.load(init_ptr + pid * K + lanes, mask=kmask, other=0.0).to(WT)
+    for q in range(0, NC):
+        c = NC - 1 - q if REVERSE else q
+        tl.store(carry_ptr + ((bi * NC + c) * n + head) * K + lanes, state, mask=kmask)
+        summary = pid * NC + c
+        mat = tl.load(mat_ptr + summary * K * K + lanes[:, None] * K + lanes[None, :], mask=mmask, other=0.0)
+        state = tl.sum(mat * state[None, :], axis=1) + tl.load(end_ptr + summary * K + lanes, mask=kmask)
+
+
+def _check(
+    theta: Tensor, scale: Tensor, gamma: Tensor, b: Tensor, h0: Tensor, perm: Tensor, sgn: Tensor, p2p: Tensor
+) -> None:
+    check_angle_inputs(theta, scale, gamma, b, h0, perm, sgn, p2p)
+    if not on_kernel_device(b):
+        raise ValueError(
+            f"b must be a CUDA tensor (or a CPU tensor under TRITON_INTERPRET=1) for the angle kernel, "
+            f"got device {b.device}"
+        )
+    reason = angle_envelope(theta, b)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def _meta(b: Tensor, layers: int) -> dict[str, int]:
+    k = b.shape[-1]
+    return {"K": k, "HALF": k // 2, "R": layers, "BLOCK_K": triton.next_power_of_2(k), "FP64": is_fp64(b)}
+
+
+def _work_dtype(b: Tensor) -> torch.dtype:
+    return torch.float64 if b.dtype == torch.float64 else torch.float32
+
+
+@triton_op("mingru::angle_scan_fwd", mutates_args=())
+def angle_scan_fwd(
+    theta: Tensor,
+    scale: Tensor,
+    gamma: Tensor,
+    b: Tensor,
+    h0: Tensor,
+    perm: Tensor,
+    sgn: Tensor,
+    p2p: Tensor,
+    has_scale: int,
+    has_decay: int,
+) -> Tensor:
+    """Angle-fused forward scan -> h (B, T, n, k): h_t = c_t L_t(h_{t-1}) + b_t (module docstring).
+
+    theta (B, T, n, R, k/2), scale / gamma (B, T, n) (read only when has_scale / has_decay), b (B, T, n, k),
+    h0 (B, n, k), perm / p2p (R, k) int32 or int64, sgn (R, k) float. Raises TypeError/ValueError for bad
+    shapes, dtypes or devices and ValueError outside :func:`angle_envelope`. Layout values are not checked.
+    """
+    _check(theta, scale, gamma, b, h0, perm, sgn, p2p)
+    theta, scale, gamma, b, h0 = (x.contiguous() for x in (theta, scale, gamma, b, h0))
+    perm, sgn, p2p = perm.contiguous(), sgn.contiguous(), p2p.contiguous()
+    batch, steps, heads, k = b.shape
+    meta = _meta(b, perm.shape[0])
+    flags = {"HAS_SCALE": int(bool(has_scale)), "HAS_DECAY": int(bool(has_decay))}
+    out = torch.empty_like(b)
+    strategy, chunk = _strategy(batch, steps, heads, k, b.device)
+    if strategy == "chunked":
+        chunks = triton.cdiv(steps, chunk)
+        mats = torch.empty(batch, heads, chunks, k, k, device=b.device, dtype=_work_dtype(b))
+        ends = torch.empty(batch, heads, chunks, k, device=b.device, dtype=_work_dtype(b))
+        carries = torch.empty(batch, chunks, heads, k, device=b.device, dtype=_work_dtype(b))
+        warps = _warps(meta["BLOCK_K"] ** 2)
+        grid = (batch * heads * chunks,)
+        launch(_fwd_summary_kernel, grid, theta, scale, gamma, b, perm, sgn, p2p, mats, ends,
+               steps, heads, chunks, chunk, **meta, **flags, num_warps=warps)  # fmt: skip
+        launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks,
+               K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=0, FP64=meta["FP64"], num_warps=warps)  # fmt: skip
+        block_h = 1
+    else:
+        chunks, chunk, carries = 1, max(steps, 1), h0
+        block_h = _block_heads(batch, heads, k, _sm_count(b.device))
+    n_hblocks = triton.cdiv(heads, block_h)
+    launch(_fwd_kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, b, carries, perm, sgn, p2p, out,
+           steps, heads, n_hblocks, chunks, chunk, **meta, BLOCK_H=block_h, **flags,
+           num_warps=_warps(block_h * meta["BLOCK_K"]))  # fmt: skip
+    return out
+
+
+@triton_op("mingru::angle_scan_bwd", mutates_args=())
+def angle_scan_bwd(
+    theta: Tensor,
+    scale: Tensor,
+    gamma: Tensor,
+    b: Tensor,
+    h0: Tensor,
+    out: Tensor,
+    grad_out: Tensor,
+    perm: Tensor,
+    sgn: Tensor,
+    p2p: Tensor,
+    has_scale: int,
+    has_decay: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Exact stored-state adjoint of :func:`angle_scan_fwd` -> (dtheta, dscale, dgamma, db, dh0).
+
+    Reads h_{t-1} from the forward output ``out`` (B, T, n, k) (h0 for t = 1) and ``grad_out`` (B, T, n, k):
+    lam_t = grad_out_t + c_{t+1} L_{t+1}^T lam_{t+1}, db = lam, dh0 = c_1 L_1^T lam_1,
+    dc_t = lam_t . L_t(h_{t-1}) (dscale = dc * gamma^[has_decay], dgamma = dc * scale^[has_scale]) and dtheta
+    through the layers. dscale / dgamma are zeros unless their flag is set. Raises as the forward does.
+    """
+    _check(theta, scale, gamma, b, h0, perm, sgn, p2p)
+    for name, value in (("out", out), ("grad_out", grad_out)):
+        if value.shape != b.shape or value.dtype != b.dtype or value.device != b.device:
+            raise ValueError(
+                f"{name} must match b (shape {tuple(b.shape)}, {b.dtype}, {b.device}), got shape "
+                f"{tuple(value.shape)}, {value.dtype}, {value.device}"
+            )
+    theta, scale, gamma, h0, out, grad_out = (
+        x.contiguous() for x in (theta, scale, gamma, h0, out, grad_out)
+    )
+    perm, sgn, p2p = perm.contiguous(), sgn.contiguous(), p2p.contiguous()
+    batch, steps, heads, k = b.shape
+    meta = _meta(b, perm.shape[0])
+    flags = {"HAS_SCALE": int(bool(has_scale)), "HAS_DECAY": int(bool(has_decay))}
+    dtheta = torch.empty_like(theta)
+    dscale = torch.zeros_like(scale)
+    dgamma = torch.zeros_like(gamma)
+    db = torch.empty_like(out)
+    dh0 = torch.empty_like(h0)
+    strategy, chunk = _strategy(batch, steps, heads, k, b.device)
+    if strategy == "chunked":
+        chunks = triton.cdiv(steps, chunk)
+        mats = torch.empty(batch, heads, chunks, k, k, device=b.device, dtype=_work_dtype(b))
+        ends = torch.empty(batch, heads, chunks, k, device=b.device, dtype=_work_dtype(b))
+        carries = torch.empty(batch, chunks, heads, k, device=b.device, dtype=_work_dtype(b))
+        warps = _warps(meta["BLOCK_K"] ** 2)
+        grid = (batch * heads * chunks,)
+        launch(_bwd_summary_kernel, grid, theta, scale, gamma, grad_out, perm, sgn, p2p, mats, ends,
+               steps, heads, chunks, chunk, **meta, **flags, num_warps=warps)  # fmt: skip
+        launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks,
+               K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=1, FP64=meta["FP64"], num_warps=warps)  # fmt: skip
+        block_h, carry_in = 1, 1
+    else:
+        chunks, chunk, carries, carry_in = 1, max(steps, 1), h0, 0
+        block_h = _block_heads(batch, heads, k, _sm_count(b.device))
+    n_hblocks = triton.cdiv(heads, block_h)
+    launch(_bwd_kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p,
+           carries, dtheta, dscale, dgamma, db, dh0, steps, heads, n_hblocks, chunks, chunk, **meta,
+           BLOCK_H=block_h, **flags, CARRY_IN=carry_in,
+           num_warps=_warps(block_h * meta["BLOCK_K"]))  # fmt: skip
+    return dtheta, dscale, dgamma, db, dh0
+
+
+def _setup_context(ctx: object, inputs: tuple[object, ...], output: Tensor) -> None:
+    theta, scale, gamma, b, h0, perm, sgn, p2p, has_scale, has_decay = inputs
+    ctx.save_for_backward(theta, scale, gamma, b, h0, output, perm, sgn, p2p)  # type: ignore[attr-defined]
+    ctx.flags = (has_scale, has_decay)  # type: ignore[attr-defined]
+
+
+def _backward(ctx: object, grad: Tensor | None) -> tuple[Tensor | None, ...]:
+    theta, scale, gamma, b, h0, out, perm, sgn, p2p = ctx.saved_tensors  # type: ignore[attr-defined]
+    grad = torch.zeros_like(out) if grad is None else grad.to(out.dtype)
+    grads = angle_scan_bwd(theta, scale, gamma, b, h0, out, grad, perm, sgn, p2p, *ctx.flags)  # type: ignore[attr-defined]
+    return (*grads, None, None, None, None, None)
+
+
+angle_scan_fwd.register_autograd(_backward, setup_context=_setup_context)

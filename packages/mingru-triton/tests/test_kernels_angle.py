@@ -1,0 +1,317 @@
+"""The angle-fused scan kernels (``mingru::angle_scan_fwd`` / ``_bwd``) against the float64 eager reference.
+
+Interpreter tests (CPU tensors, small shapes) cover both strategies, every flag combination, reflections,
+random layouts, int32/int64 layouts, bf16, non-contiguous inputs, gradcheck and the envelope; CUDA tests
+repeat the comparisons at real sizes, including one input past 2^31 elements.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from kernel_cases import assert_close, gates, on_cuda, on_interpreter
+from torch import Tensor
+
+from mingru.scans.angle import angle_scan_ref, default_angle_layout, validate_angle_layout
+from mingru_triton.angle import (
+    _strategy,
+    angle_envelope,
+    angle_scan_bwd,
+    angle_scan_fwd,
+    force_strategy,
+)
+
+STRATEGIES = ("sequential", "chunked")
+Layout = tuple[Tensor, Tensor, Tensor]
+
+
+def random_layout(k: int, layers: int, seed: int) -> Layout:
+    """A random valid layout: per layer a random fixed-point-free involution, a random angle numbering of
+    its pairs and random signs."""
+    rng = random.Random(seed)
+    perm = torch.empty(layers, k, dtype=torch.int64)
+    p2p = torch.empty(layers, k, dtype=torch.int64)
+    sgn = torch.empty(layers, k)
+    for r in range(layers):
+        positions = list(range(k))
+        rng.shuffle(positions)
+        numbers = list(range(k // 2))
+        rng.shuffle(numbers)
+        for m in range(k // 2):
+            i, j = positions[2 * m], positions[2 * m + 1]
+            perm[r, i], perm[r, j] = j, i
+            p2p[r, i] = p2p[r, j] = numbers[m]
+        sgn[r] = torch.tensor([rng.choice((1.0, -1.0)) for _ in range(k)])
+    validate_angle_layout(perm, sgn, p2p)
+    return perm, sgn, p2p
+
+
+def make_inputs(
+    batch: int,
+    steps: int,
+    heads: int,
+    k: int,
+    layers: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+) -> list[Tensor]:
+    """theta, scale, gamma, b, h0 in float64 on ``device`` (cast later); |scale|, gamma in [0.5, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    theta = torch.randn(batch, steps, heads, layers, k // 2, generator=gen, dtype=torch.float64) * 2
+    scale = gates((batch, steps, heads), torch.float64, torch.device("cpu"), generator=gen)
+    gamma = gates((batch, steps, heads), torch.float64, torch.device("cpu"), signed=False, generator=gen)
+    b = torch.randn(batch, steps, heads, k, generator=gen, dtype=torch.float64)
+    h0 = torch.randn(batch, heads, k, generator=gen, dtype=torch.float64)
+    return [x.to(device=device, dtype=dtype) for x in (theta, scale, gamma, b, h0)]
+
+
+def reference(
+    inputs: list[Tensor], grad: Tensor, layout: Layout, has_scale: int, has_decay: int
+) -> tuple[Tensor, list[Tensor]]:
+    """Float64 forward of the reference and the gradients of <h, grad> (zeros for unused inputs)."""
+    wide = [x.detach().double().requires_grad_() for x in inputs]
+    perm, sgn, p2p = (t.to(wide[0].device) for t in layout)
+    h = angle_scan_ref(*wide, perm, sgn, p2p, has_scale=bool(has_scale), has_decay=bool(has_decay))
+    grads = torch.autograd.grad(h, wide, grad.double(), allow_unused=True)
+    return h.detach(), [torch.zeros_like(x) if g is None else g for x, g in zip(wide, grads, strict=True)]
+
+
+def run_kernel(
+    inputs: list[Tensor], grad: Tensor, layout: Layout, has_scale: int, has_decay: int
+) -> tuple[Tensor, list[Tensor]]:
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    perm, sgn, p2p = (t.to(leaves[0].device) for t in layout)
+    h = angle_scan_fwd(*leaves, perm, sgn, p2p, has_scale, has_decay)
+    grads = torch.autograd.grad(h, leaves, grad.to(h.dtype))
+    return h.detach(), list(grads)
+
+
+def assert_close_scaled(got: Tensor, want: Tensor, dtype: torch.dtype, steps: int, what: str) -> None:
+    """assert_close relative to the reference's largest magnitude (at least 1): states and adjoints grow
+    along T without decay, and a float32 sum of such terms is exact only to that magnitude."""
+    size = max(1.0, want.abs().max().item()) if want.numel() else 1.0
+    assert_close(got / size, want / size, dtype, steps, what)
+
+
+def check_against_reference(
+    inputs: list[Tensor], layout: Layout, has_scale: int, has_decay: int, seed: int = 0
+) -> None:
+    dtype = inputs[0].dtype
+    steps = inputs[3].shape[1]
+    grad = torch.randn(inputs[3].shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    grad = grad.to(inputs[0].device)
+    if dtype in (torch.float16, torch.bfloat16):
+        grad = grad.to(dtype)
+    h, grads = run_kernel(inputs, grad, layout, has_scale, has_decay)
+    h_ref, grads_ref = reference(inputs, grad, layout, has_scale, has_decay)
+    assert h.dtype == dtype
+    assert_close_scaled(h, h_ref, dtype, steps, "h")
+    for name, got, want, x in zip(
+        ("dtheta", "dscale", "dgamma", "db", "dh0"), grads, grads_ref, inputs, strict=True
+    ):
+        assert got.dtype == dtype and got.shape == x.shape, name
+        assert_close_scaled(got, want, dtype, steps, name)
+
+
+# (k, R, has_scale, has_decay, layout kind, T)
+CASES = [
+    (2, 1, 1, 1, "default", 37),
+    (4, 2, 1, 0, "reflect", 13),
+    (6, 3, 0, 1, "random", 13),
+    (8, 3, 1, 1, "random", 23),
+    (16, 2, 0, 0, "reflect", 13),
+    (8, 1, 1, 1, "default", 1),
+    (6, 2, 1, 1, "reflect", 1),
+]
+
+
+def layout_for(kind: str, k: int, layers: int, seed: int = 0) -> Layout:
+    if kind == "random":
+        return random_layout(k, layers, seed)
+    return default_angle_layout(k, layers, reflect=kind == "reflect")
+
+
+def flat_grad(inputs: list[Tensor], layout: Layout, has_scale: int, has_decay: int) -> None:
+    """fp64 gradcheck of the kernel op (fast mode under the interpreter)."""
+    perm, sgn, p2p = (t.to(inputs[0].device) for t in layout)
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    fast = inputs[0].device.type == "cpu"
+    assert torch.autograd.gradcheck(
+        lambda *xs: angle_scan_fwd(*xs, perm, sgn, p2p, has_scale, has_decay), leaves, fast_mode=fast
+    )
+
+
+class TestInterpreted:
+    pytestmark = on_interpreter
+
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    @pytest.mark.parametrize(("k", "layers", "has_scale", "has_decay", "kind", "steps"), CASES)
+    def test_matches_reference(
+        self, k: int, layers: int, has_scale: int, has_decay: int, kind: str, steps: int, strategy: str
+    ) -> None:
+        inputs = make_inputs(1, steps, 2, k, layers, torch.float32, torch.device("cpu"), seed=k + layers)
+        with force_strategy(strategy):
+            check_against_reference(inputs, layout_for(kind, k, layers, seed=k), has_scale, has_decay)
+
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    def test_bf16_inputs(self, strategy: str) -> None:
+        inputs = make_inputs(1, 13, 2, 8, 2, torch.bfloat16, torch.device("cpu"), seed=3)
+        with force_strategy(strategy):
+            check_against_reference(inputs, layout_for("reflect", 8, 2), 1, 1)
+
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    def test_gradcheck_fp64(self, strategy: str) -> None:
+        inputs = make_inputs(1, 3, 2, 4, 2, torch.float64, torch.device("cpu"), seed=5)
+        with force_strategy(strategy):
+            flat_grad(inputs, random_layout(4, 2, seed=1), 1, 1)
+
+    def test_fp64_is_exact(self) -> None:
+        inputs = make_inputs(1, 11, 2, 6, 3, torch.float64, torch.device("cpu"), seed=6)
+        check_against_reference(inputs, random_layout(6, 3, seed=2), 1, 0)
+
+    @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+    def test_layout_dtypes(self, index_dtype: torch.dtype) -> None:
+        perm, sgn, p2p = random_layout(8, 2, seed=4)
+        layout = (perm.to(index_dtype), sgn.to(torch.float16), p2p.to(index_dtype))
+        inputs = make_inputs(1, 9, 2, 8, 2, torch.float32, torch.device("cpu"), seed=7)
+        check_against_reference(inputs, layout, 1, 1)
+
+    def test_non_contiguous_inputs(self) -> None:
+        inputs = make_inputs(2, 7, 2, 4, 2, torch.float32, torch.device("cpu"), seed=8)
+        theta, scale, gamma, b, h0 = inputs
+        views = [
+            theta.transpose(0, 2).contiguous().transpose(0, 2),
+            scale.transpose(1, 2).contiguous().transpose(1, 2),
+            torch.stack((gamma, gamma), -1)[..., 0],
+            b.transpose(1, 2).contiguous().transpose(1, 2),
+            h0.transpose(0, 1).contiguous().transpose(0, 1),
+        ]
+        assert not any(v.is_contiguous() for v in views)
+        check_against_reference(views, layout_for("reflect", 4, 2), 1, 1)
+
+    def test_no_rotation_layers(self) -> None:
+        inputs = make_inputs(1, 7, 2, 4, 0, torch.float32, torch.device("cpu"), seed=9)
+        check_against_reference(inputs, layout_for("default", 4, 0), 1, 1)
+
+    def test_backward_op_directly(self) -> None:
+        inputs = make_inputs(1, 5, 2, 4, 1, torch.float64, torch.device("cpu"), seed=10)
+        perm, sgn, p2p = layout_for("default", 4, 1)
+        out = angle_scan_fwd(*inputs, perm, sgn, p2p, 0, 1)
+        grad = torch.randn_like(out)
+        dtheta, dscale, dgamma, db, dh0 = angle_scan_bwd(*inputs, out, grad, perm, sgn, p2p, 0, 1)
+        assert torch.equal(dscale, torch.zeros_like(dscale))
+        _, grads = reference(inputs, grad, (perm, sgn, p2p), 0, 1)
+        for got, want in zip(
+            (dtheta, dgamma, db, dh0), (grads[0], grads[2], grads[3], grads[4]), strict=True
+        ):
+            assert_close(got, want, torch.float64)
+
+    def test_strategy_heuristic(self) -> None:
+        cpu = torch.device("cpu")
+        assert _strategy(1, 1 << 16, 4, 16, cpu)[0] == "chunked"
+        assert _strategy(64, 1 << 16, 16, 16, cpu)[0] == "sequential"
+        assert _strategy(1, 1 << 16, 4, 64, cpu)[0] == "sequential"
+        assert _strategy(1, 100, 4, 16, cpu)[0] == "sequential"
+        _, chunk = _strategy(1, 1 << 16, 4, 16, cpu)
+        assert chunk >= 64 and (1 << 16) // chunk >= 4
+        with force_strategy("chunked"):
+            assert _strategy(64, 1 << 16, 16, 64, cpu)[0] == "chunked"
+        with pytest.raises(ValueError, match="strategy must be one of"), force_strategy("parallel"):
+            pass
+
+    def test_envelope(self) -> None:
+        meta = torch.device("meta")
+        theta = torch.empty(1, 2, 1, 2, 65, device=meta)
+        assert angle_envelope(theta, torch.empty(1, 2, 1, 130, device=meta)) == (
+            "k must be <= 128 for the angle kernel, got k=130"
+        )
+        theta = torch.empty(1, 2, 1, 17, 2, device=meta)
+        assert angle_envelope(theta, torch.empty(1, 2, 1, 4, device=meta)) == (
+            "R (rotation layers) must be <= 16 for the angle kernel, got R=17"
+        )
+        assert (
+            angle_envelope(torch.empty(1, 2, 1, 4, 64, device=meta), torch.empty(1, 2, 1, 128, device=meta))
+            is None
+        )
+
+    def test_outside_the_envelope_raises(self) -> None:
+        inputs = make_inputs(1, 2, 1, 130, 1, torch.float32, torch.device("cpu"), seed=11)
+        with pytest.raises(ValueError, match="k must be <= 128 for the angle kernel, got k=130"):
+            angle_scan_fwd(*inputs, *default_angle_layout(130, 1), 1, 1)
+
+    def test_bad_inputs_raise(self) -> None:
+        inputs = make_inputs(1, 3, 2, 4, 1, torch.float32, torch.device("cpu"), seed=12)
+        layout = default_angle_layout(4, 1)
+        with pytest.raises(ValueError, match="h0 must have shape"):
+            angle_scan_fwd(*inputs[:4], inputs[4][:, :1], *layout, 1, 1)
+        with pytest.raises(TypeError, match="gamma must have the same dtype as b"):
+            angle_scan_fwd(*inputs[:2], inputs[2].double(), *inputs[3:], *layout, 1, 1)
+        out = angle_scan_fwd(*inputs, *layout, 1, 1)
+        with pytest.raises(ValueError, match="grad_out must match b"):
+            angle_scan_bwd(*inputs, out, out[:, :1], *layout, 1, 1)
+
+
+def cuda_inputs(batch: int, steps: int, heads: int, k: int, layers: int, dtype: torch.dtype) -> list[Tensor]:
+    return make_inputs(batch, steps, heads, k, layers, dtype, torch.device("cuda"), seed=batch + steps + k)
+
+
+class TestCuda:
+    pytestmark = on_cuda
+
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    @pytest.mark.parametrize(
+        ("batch", "steps", "heads", "k", "layers"),
+        [
+            (8, 1024, 16, 8, 1),
+            (4, 2048, 8, 16, 2),
+            (2, 777, 8, 32, 4),
+            (2, 512, 4, 64, 3),
+            (1, 4096, 2, 16, 4),
+        ],
+    )
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_matches_reference(
+        self, batch: int, steps: int, heads: int, k: int, layers: int, dtype: torch.dtype, strategy: str
+    ) -> None:
+        inputs = cuda_inputs(batch, steps, heads, k, layers, dtype)
+        with force_strategy(strategy):
+            check_against_reference(inputs, random_layout(k, layers, seed=k), 1, 1)
+
+    @pytest.mark.parametrize("steps", [1 << 16, 1 << 18])
+    def test_long_sequences_default_strategy(self, steps: int) -> None:
+        inputs = cuda_inputs(1, steps, 2, 8, 2, torch.float32)
+        check_against_reference(inputs, layout_for("reflect", 8, 2), 1, 1)
+
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    def test_gradcheck_fp64(self, strategy: str) -> None:
+        inputs = cuda_inputs(2, 6, 3, 6, 3, torch.float64)
+        with force_strategy(strategy):
+            flat_grad(inputs, random_layout(6, 3, seed=3), 1, 1)
+            flat_grad(inputs, layout_for("reflect", 6, 3), 0, 1)
+
+    def test_more_than_2_31_elements(self) -> None:
+        """b, h: 2^31 + 2^16 bf16 elements each; the last heads checked against a float64 reference."""
+        steps, heads, k = 1 << 17, 2050, 8
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        theta = torch.randn(1, steps, heads, 1, k // 2, device="cuda", dtype=torch.bfloat16, generator=gen)
+        scale = torch.rand(1, steps, heads, device="cuda", generator=gen).mul_(0.5).add_(0.5).bfloat16()
+        gamma = torch.ones(1, steps, heads, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(1, steps, heads, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        h0 = torch.randn(1, heads, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        assert b.numel() > 2**31
+        perm, sgn, p2p = (t.cuda() for t in layout_for("reflect", k, 1))
+        h = angle_scan_fwd(theta, scale, gamma, b, h0, perm, sgn, p2p, 1, 0)
+        tail = slice(heads - 2, heads)
+        want = angle_scan_ref(
+            *(x[:, :, tail].double() for x in (theta, scale, gamma, b)),
+            h0[:, tail].double(),
+            perm,
+            sgn.double(),
+            p2p,
+            has_scale=True,
+            has_decay=False,
+        )
+        assert_close(h[:, -4096:, tail], want[:, -4096:], torch.bfloat16, what="h (last heads, last steps)")
