@@ -50,10 +50,17 @@ def tolerance(dtype: torch.dtype, length: int = 1) -> tuple[float, float]:
 def assert_close(
     actual: Tensor, expected: Tensor, dtype: torch.dtype, length: int = 1, what: str = ""
 ) -> None:
-    """``actual`` against the float64 ``expected`` with :func:`tolerance`; names ``what`` on failure."""
+    """``actual`` against the float64 ``expected`` with :func:`tolerance`; names ``what`` on failure.
+
+    The absolute tolerance is relative to the largest magnitude of ``expected`` (at least 1): a sum of many
+    terms (a gradient over k + v products, say) is exact to the rounding of its largest terms, not of its own
+    value where those cancel.
+    """
     rtol, atol = tolerance(dtype, length)
+    expected = expected.double().cpu()
+    magnitude = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
     torch.testing.assert_close(
-        actual.double().cpu(), expected.double().cpu(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}"
+        actual.double().cpu(), expected, rtol=rtol, atol=atol * magnitude, msg=lambda m: f"{what}: {m}"
     )
 
 
@@ -69,3 +76,14 @@ def gates(
     if signed:
         x = x * torch.where(torch.rand(shape, generator=generator) < 0.3, -1.0, 1.0).double()
     return x.to(device=device, dtype=dtype)
+
+
+def marked(marks: list[pytest.MarkDecorator]):  # type: ignore[no-untyped-def]
+    """Decorator applying every mark of ``marks`` (``on_interpreter`` or ``on_cuda``) to a test."""
+
+    def apply(test):  # type: ignore[no-untyped-def]
+        for mark in marks:
+            test = mark(test)
+        return test
+
+    return apply

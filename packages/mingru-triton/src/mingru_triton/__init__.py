@@ -1,8 +1,15 @@
 """Triton GPU kernels for the mingru scans, served to users as ``mingru.triton_scans``.
 
-This release holds the availability probe, the fallback signal and the kernel registry. The
-registry is empty, so the mingru dispatch runs the exact eager reference for every scan.
-Importing this module does not import ``triton``; :func:`available` does, once per process.
+- :func:`available`: whether the kernels can run here (``True``) or why not (a reason string).
+- ``SCAN_IMPLS``: the four kernel entry points core's dispatch calls ("log", "linear", "affine", "diag");
+  ``RECURRENCE_IMPLS``: the layers' fused-initial-state path; :func:`angle_scan_impl`: the angle kernel.
+- The ``torch.library`` ops (namespace ``mingru``), forward and backward of every scan, differentiable and
+  traceable by ``torch.compile``: ``linear_scan_fwd``/``_bwd``, ``parallel_scan_log_fwd``/``_bwd``,
+  ``affine_scan_fwd``/``_bwd``, ``diag_scan_fwd``/``_bwd``, ``angle_scan_fwd``/``_bwd``, and the
+  ``*_recurrence_fwd``/``_bwd`` variants with the initial state fused.
+
+The kernels need ``triton``; where it does not import, this module still imports with empty registries and
+``available()`` says why.
 """
 
 from __future__ import annotations
@@ -17,10 +24,28 @@ import torch
 from mingru.dispatch import ScanFallback, interpret_requested
 from mingru_triton._version import __version__
 
-__all__ = ["SCAN_IMPLS", "ScanFallback", "__version__", "available"]
-
-SCAN_IMPLS: dict[str, Callable[..., Any]] = {}
-"""Kernel entry points by scan op name ("log", "linear", "affine", "diag"); empty in this release."""
+_OPS = (
+    "linear_scan_fwd",
+    "linear_scan_bwd",
+    "linear_recurrence_fwd",
+    "linear_recurrence_bwd",
+    "parallel_scan_log_fwd",
+    "parallel_scan_log_bwd",
+    "log_recurrence_fwd",
+    "log_recurrence_bwd",
+    "diag_scan_fwd",
+    "diag_scan_bwd",
+    "diag_recurrence_fwd",
+    "diag_recurrence_bwd",
+    "affine_scan_fwd",
+    "affine_scan_bwd",
+    "affine_recurrence_fwd",
+    "affine_recurrence_bwd",
+    "angle_scan_fwd",
+    "angle_scan_bwd",
+)
+_FAMILY = {name: name.split("_")[0] for name in _OPS}
+_FAMILY.update(parallel_scan_log_fwd="log", parallel_scan_log_bwd="log")
 
 
 @functools.cache
@@ -31,6 +56,26 @@ def _triton_import_error() -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+SCAN_IMPLS: dict[str, Callable[..., Any]] = {}
+"""Kernel entry points by scan op name ("log", "linear", "affine", "diag"); empty where triton is absent."""
+RECURRENCE_IMPLS: dict[str, Callable[..., Any]] = {}
+"""Fused-initial-state kernels ``(coefficients, values, h0) -> states``; empty where triton is absent."""
+
+if _triton_import_error() is None:
+    from mingru_triton import impls as _impls
+
+    SCAN_IMPLS.update(_impls.SCAN_IMPLS)
+    RECURRENCE_IMPLS.update(_impls.RECURRENCE_IMPLS)
+    angle_scan_impl = _impls.angle_scan_impl
+    for _name in _OPS:
+        globals()[_name] = getattr(importlib.import_module(f"mingru_triton.{_FAMILY[_name]}"), _name)
+    _KERNEL_NAMES: tuple[str, ...] = ("angle_scan_impl", *_OPS)
+else:
+    _KERNEL_NAMES = ()
+
+__all__ = ["RECURRENCE_IMPLS", "SCAN_IMPLS", "ScanFallback", "__version__", "available", *_KERNEL_NAMES]
 
 
 def available() -> bool | str:

@@ -1,0 +1,170 @@
+"""The entry points mingru's dispatch calls: envelope checks, then the kernel op; ``ScanFallback`` on refusal.
+
+- ``SCAN_IMPLS``: one differentiable wrapper per scan op that core dispatches ("log", "linear", "affine",
+  "diag"), taking and returning what the eager reference does.
+- ``RECURRENCE_IMPLS``: the layers' path, ``(coefficients, values, h0) -> states`` with the initial state
+  fused into the kernel and only the states written.
+- :func:`angle_scan_impl`: the angle-fused kernel behind ``mingru.min_gru._dispatch_angle_scan``.
+
+Each wrapper raises ``ScanFallback`` with the reason when the inputs are outside the kernel's envelope
+(device, dtype, sizes) or when the launch fails, so that the dispatch can warn and run the reference
+(``MINGRU_SCAN=auto``) or raise (``MINGRU_SCAN=triton``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+from mingru.dispatch import ScanFallback
+from mingru.scans.angle import check_angle_inputs
+from mingru_triton import affine, angle, diag, linear, log
+from mingru_triton._launch import FLOAT_DTYPES, on_kernel_device
+
+__all__ = ["RECURRENCE_IMPLS", "SCAN_IMPLS", "angle_scan_impl"]
+
+
+def _common_envelope(op: str, tensors: dict[str, Tensor]) -> str | None:
+    """Why a kernel cannot take ``tensors`` (device, dtype, emptiness), or None."""
+    for name, x in tensors.items():
+        if not on_kernel_device(x):
+            return (
+                f"the {op} kernel needs CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); "
+                f"{name} is on {x.device}"
+            )
+        if x.dtype not in FLOAT_DTYPES:
+            return f"the {op} kernel takes float16, bfloat16, float32 or float64; {name} is {x.dtype}"
+        if x.numel() == 0:
+            return f"the {op} kernel needs non-empty inputs; {name} has shape {tuple(x.shape)}"
+    return None
+
+
+def _run(op: str, reason: str | None, call: Callable[[], Any]) -> Any:
+    """Raise ``ScanFallback(reason)`` when ``reason`` is set, else ``call()``; a failing launch becomes a
+    ``ScanFallback`` that names the exception."""
+    if reason is not None:
+        raise ScanFallback(reason)
+    try:
+        return call()
+    except ScanFallback:
+        raise
+    except Exception as exc:
+        detail = exc.args[0] if exc.args else ""
+        raise ScanFallback(f"the Triton {op} kernel failed: {type(exc).__name__}: {detail}") from exc
+
+
+def _first(*reasons: str | None) -> str | None:
+    for reason in reasons:
+        if reason is not None:
+            return reason
+    return None
+
+
+# -- the four scan ops ------------------------------------------------------------------------------------
+
+
+def _log_impl(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
+    reason = _first(
+        _common_envelope("log", {"log_coeffs": log_coeffs, "log_values": log_values}),
+        log.log_envelope(log_coeffs, log_values),
+    )
+    return _run("log", reason, lambda: log.parallel_scan_log_fwd(log_coeffs, log_values))
+
+
+def _linear_impl(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    reason = _first(_common_envelope("linear", {"a": a, "b": b}), linear.linear_envelope(a, b))
+    return _run("linear", reason, lambda: linear.linear_scan_fwd(a, b))
+
+
+def _affine_impl(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
+    reason = _first(_common_envelope("affine", {"A": A, "Bm": Bm}), affine.affine_envelope(A, Bm))
+    return _run("affine", reason, lambda: affine.affine_scan_fwd(A, Bm))
+
+
+def _diag_impl(a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
+    reason = _first(_common_envelope("diag", {"a": a, "Bm": Bm}), diag.diag_envelope(a, Bm))
+    return _run("diag", reason, lambda: diag.diag_scan_fwd(a, Bm))
+
+
+SCAN_IMPLS: dict[str, Callable[..., Any]] = {
+    "log": _log_impl,
+    "linear": _linear_impl,
+    "affine": _affine_impl,
+    "diag": _diag_impl,
+}
+"""Kernel entry point per scan op, called by ``mingru.dispatch`` with the reference's arguments."""
+
+
+# -- the layers' path: initial state fused, only the states written ---------------------------------------
+
+
+def _log_recurrence_impl(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
+    reason = _first(
+        _common_envelope("log", {"log_coeffs": log_coeffs, "log_b": log_b, "h0": h0}),
+        log.log_envelope(log_coeffs, log_b),
+    )
+    return _run("log", reason, lambda: log.log_recurrence_fwd(log_coeffs, log_b, h0))
+
+
+def _linear_recurrence_impl(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
+    reason = _first(_common_envelope("linear", {"a": a, "b": b, "h0": h0}), linear.linear_envelope(a, b))
+    return _run("linear", reason, lambda: linear.linear_recurrence_fwd(a, b, h0))
+
+
+def _affine_recurrence_impl(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
+    reason = _first(_common_envelope("affine", {"A": A, "Bm": Bm, "H0": H0}), affine.affine_envelope(A, Bm))
+    return _run("affine", reason, lambda: affine.affine_recurrence_fwd(A, Bm, H0))
+
+
+def _diag_recurrence_impl(a: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
+    reason = _first(_common_envelope("diag", {"a": a, "Bm": Bm, "H0": H0}), diag.diag_envelope(a, Bm))
+    return _run("diag", reason, lambda: diag.diag_recurrence_fwd(a, Bm, H0))
+
+
+RECURRENCE_IMPLS: dict[str, Callable[..., Tensor]] = {
+    "log": _log_recurrence_impl,
+    "linear": _linear_recurrence_impl,
+    "affine": _affine_recurrence_impl,
+    "diag": _diag_recurrence_impl,
+}
+"""Fused-initial-state kernels, ``(coefficients, values, h0) -> states``: what the layers run on CUDA."""
+
+
+# -- the angle scan ---------------------------------------------------------------------------------------
+
+
+def angle_scan_impl(
+    theta: Tensor,
+    scale: Tensor,
+    gamma: Tensor,
+    b: Tensor,
+    h0: Tensor,
+    perm: Tensor,
+    sgn: Tensor,
+    p2p: Tensor,
+    *,
+    has_scale: int,
+    has_decay: int,
+) -> Tensor:
+    """The angle-fused kernel behind the dispatch: every shape invariant is checked before any launch.
+
+    theta (B, T, n, R, k/2); scale, gamma (B, T, n); b (B, T, n, k); h0 (B, n, k); perm, sgn, p2p (R, k).
+    Returns h (B, T, n, k), differentiable. Raises ``ScanFallback`` (and only that) when the inputs do not
+    fit the kernel (shapes, devices, dtypes, k or R outside its envelope) or when the launch fails.
+    The layout's values (involution, signs) are the caller's to validate (the layers do it once).
+    """
+    try:
+        check_angle_inputs(theta, scale, gamma, b, h0, perm, sgn, p2p)
+    except (TypeError, ValueError) as exc:
+        raise ScanFallback(f"the angle kernel cannot take these inputs: {exc.args[0]}") from exc
+    floats = {"theta": theta, "scale": scale, "gamma": gamma, "b": b, "h0": h0}
+    reason = _first(
+        _common_envelope("angle", floats),
+        None if perm.device == b.device and p2p.device == b.device else "perm and p2p must be on b's device",
+        angle.angle_envelope(theta, b),
+    )
+    flags = (int(bool(has_scale)), int(bool(has_decay)))
+    args = (theta, scale, gamma, b, h0, perm, sgn, p2p, *flags)
+    return _run("angle", reason, lambda: angle.angle_scan_fwd(*args))

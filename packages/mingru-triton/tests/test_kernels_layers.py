@@ -1,0 +1,121 @@
+"""Every layer on the Triton kernels equals the same layer on the eager references: outputs, final state and
+the gradients of the input, the initial state and every parameter (interpreter: small; CUDA: real sizes)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from kernel_cases import kernel_device, marked, on_cuda, on_interpreter
+
+from mingru.layers import MinGRU, MinGRUAngle, MinGRUDiag, MinGRUMatrix, MinLSTM
+
+LAYERS = {
+    "mingru-log": (MinGRU, {"mode": "log"}),
+    "mingru-linear": (MinGRU, {"mode": "linear"}),
+    "mingru-linear-negative": (MinGRU, {"mode": "linear", "negative_gates": True}),
+    "minlstm-log": (MinLSTM, {"mode": "log"}),
+    "minlstm-linear": (MinLSTM, {"mode": "linear"}),
+    "matrix-k3-v2": (MinGRUMatrix, {"heads": 2, "head_dim": 3, "value_dim": 2}),
+    "diag-k2-v3": (MinGRUDiag, {"heads": 2, "head_dim": 2, "value_dim": 3}),
+    "angle-k4-R2-reflect": (MinGRUAngle, {"heads": 2, "head_dim": 4, "reflect": True}),
+    "angle-k6-R3-noscale": (
+        MinGRUAngle,
+        {"heads": 1, "head_dim": 6, "rotation_layers": 3, "use_scale": False},
+    ),
+}
+
+
+def _run(layer, x, h0, mode: str, monkeypatch):
+    monkeypatch.setenv("MINGRU_SCAN", mode)
+    x = x.detach().requires_grad_()
+    h0 = h0.detach().requires_grad_()
+    y, final = layer(x, h0)
+    loss = (
+        y * torch.linspace(-1, 1, y.shape[-1], device=y.device, dtype=y.dtype)
+    ).sum() + final.square().sum()
+    grads = torch.autograd.grad(loss, [x, h0, *layer.parameters()])
+    return y.detach(), final.detach(), grads
+
+
+def _errors(got, want) -> list[float]:
+    """Per tensor: max |got - want| over the largest |want| (at least 1)."""
+    return [
+        ((g.double() - w.double()).abs().max() / w.double().abs().max().clamp_min(1.0)).item()
+        for g, w in zip(got, want, strict=True)
+    ]
+
+
+def _compare(
+    name: str, batch: int, steps: int, dim: int, dtype: torch.dtype, monkeypatch, rtol: float
+) -> None:
+    """The layer on the kernels against the layer on the references.
+
+    float64: both must agree to ``rtol`` (normwise). float32: both runs are compared with a float64 run of
+    the references, and the kernels' error must stay within twice the references' error (plus ``rtol``).
+    """
+    cls, kwargs = LAYERS[name]
+    device = kernel_device()
+    torch.manual_seed(0)
+    layer = cls(dim, **kwargs).to(device=device, dtype=dtype)
+    x = torch.randn(batch, steps, dim, device=device, dtype=dtype)
+    h0 = torch.randn(batch, *layer.state_shape, device=device, dtype=dtype) * 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning: the kernels must take these inputs
+        y, final, grads = _run(layer, x, h0, "triton", monkeypatch)
+    kernel = [y, final, *grads]
+    y, final, grads = _run(layer, x, h0, "eager", monkeypatch)
+    eager = [y, final, *grads]
+    names = ["y", "final state", "d x", "d h0", *(f"d {n}" for n, _ in layer.named_parameters())]
+    if dtype == torch.float64:
+        for label, error in zip(names, _errors(kernel, eager), strict=True):
+            assert error <= rtol, f"{name}: {label}: kernel vs eager error {error:.2e} > {rtol:.0e}"
+        return
+    wide = copy.deepcopy(layer).double()
+    y, final, grads = _run(wide, x.double(), h0.double(), "eager", monkeypatch)
+    truth = [y, final, *grads]
+    for label, k_err, e_err in zip(names, _errors(kernel, truth), _errors(eager, truth), strict=True):
+        assert k_err <= 2 * e_err + rtol, (
+            f"{name}: {label}: kernel error {k_err:.2e}, eager error {e_err:.2e}"
+        )
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("steps", [1, 13])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_on_kernels_equals_eager_under_the_interpreter(name, steps, monkeypatch):
+    _compare(name, 2, steps, 5, torch.float64, monkeypatch, 1e-9)
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("name", ["mingru-log", "matrix-k3-v2", "angle-k4-R2-reflect"])
+def test_layer_on_kernels_fp32_under_the_interpreter(name, monkeypatch):
+    _compare(name, 2, 9, 4, torch.float32, monkeypatch, 1e-6)
+
+
+@marked(on_cuda)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_on_kernels_equals_eager_on_cuda(name, dtype, monkeypatch):
+    rtol = 1e-9 if dtype == torch.float64 else 1e-6
+    _compare(name, 4, 1000, 64, dtype, monkeypatch, rtol)
+
+
+@marked(on_cuda)
+def test_lm_training_step_on_kernels_equals_eager_on_cuda(monkeypatch):
+    from mingru import MinGRULM
+
+    torch.manual_seed(0)
+    model = MinGRULM(num_tokens=64, dim=128, depth=2).cuda()
+    tokens = torch.randint(0, 64, (4, 257), device="cuda")
+    grads = {}
+    for mode in ("triton", "eager"):
+        monkeypatch.setenv("MINGRU_SCAN", mode)
+        model.zero_grad()
+        logits, _ = model(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        grads[mode] = [p.grad.clone() for p in model.parameters()]
+    for got, want in zip(grads["triton"], grads["eager"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
