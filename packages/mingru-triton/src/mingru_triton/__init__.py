@@ -24,29 +24,6 @@ import torch
 from mingru.dispatch import ScanFallback, interpret_requested
 from mingru_triton._version import __version__
 
-_OPS = (
-    "linear_scan_fwd",
-    "linear_scan_bwd",
-    "linear_recurrence_fwd",
-    "linear_recurrence_bwd",
-    "parallel_scan_log_fwd",
-    "parallel_scan_log_bwd",
-    "log_recurrence_fwd",
-    "log_recurrence_bwd",
-    "diag_scan_fwd",
-    "diag_scan_bwd",
-    "diag_recurrence_fwd",
-    "diag_recurrence_bwd",
-    "affine_scan_fwd",
-    "affine_scan_bwd",
-    "affine_recurrence_fwd",
-    "affine_recurrence_bwd",
-    "angle_scan_fwd",
-    "angle_scan_bwd",
-)
-_FAMILY = {name: name.split("_")[0] for name in _OPS}
-_FAMILY.update(parallel_scan_log_fwd="log", parallel_scan_log_bwd="log")
-
 
 @functools.cache
 def _triton_import_error() -> str | None:
@@ -64,14 +41,52 @@ RECURRENCE_IMPLS: dict[str, Callable[..., Any]] = {}
 """Fused-initial-state kernels ``(coefficients, values, h0) -> states``; empty where triton is absent."""
 
 if _triton_import_error() is None:
-    from mingru_triton import impls as _impls
+    # `name as name`: explicit re-exports (the names are listed in __all__ below)
+    from mingru_triton.affine import affine_recurrence_bwd as affine_recurrence_bwd
+    from mingru_triton.affine import affine_recurrence_fwd as affine_recurrence_fwd
+    from mingru_triton.affine import affine_scan_bwd as affine_scan_bwd
+    from mingru_triton.affine import affine_scan_fwd as affine_scan_fwd
+    from mingru_triton.angle import angle_scan_bwd as angle_scan_bwd
+    from mingru_triton.angle import angle_scan_fwd as angle_scan_fwd
+    from mingru_triton.diag import diag_recurrence_bwd as diag_recurrence_bwd
+    from mingru_triton.diag import diag_recurrence_fwd as diag_recurrence_fwd
+    from mingru_triton.diag import diag_scan_bwd as diag_scan_bwd
+    from mingru_triton.diag import diag_scan_fwd as diag_scan_fwd
+    from mingru_triton.impls import RECURRENCE_IMPLS as _RECURRENCE_IMPLS
+    from mingru_triton.impls import SCAN_IMPLS as _SCAN_IMPLS
+    from mingru_triton.impls import angle_scan_impl as angle_scan_impl
+    from mingru_triton.linear import linear_recurrence_bwd as linear_recurrence_bwd
+    from mingru_triton.linear import linear_recurrence_fwd as linear_recurrence_fwd
+    from mingru_triton.linear import linear_scan_bwd as linear_scan_bwd
+    from mingru_triton.linear import linear_scan_fwd as linear_scan_fwd
+    from mingru_triton.log import log_recurrence_bwd as log_recurrence_bwd
+    from mingru_triton.log import log_recurrence_fwd as log_recurrence_fwd
+    from mingru_triton.log import parallel_scan_log_bwd as parallel_scan_log_bwd
+    from mingru_triton.log import parallel_scan_log_fwd as parallel_scan_log_fwd
 
-    SCAN_IMPLS.update(_impls.SCAN_IMPLS)
-    RECURRENCE_IMPLS.update(_impls.RECURRENCE_IMPLS)
-    angle_scan_impl = _impls.angle_scan_impl
-    for _name in _OPS:
-        globals()[_name] = getattr(importlib.import_module(f"mingru_triton.{_FAMILY[_name]}"), _name)
-    _KERNEL_NAMES: tuple[str, ...] = ("angle_scan_impl", *_OPS)
+    SCAN_IMPLS.update(_SCAN_IMPLS)
+    RECURRENCE_IMPLS.update(_RECURRENCE_IMPLS)
+    _KERNEL_NAMES: tuple[str, ...] = (
+        "affine_recurrence_bwd",
+        "affine_recurrence_fwd",
+        "affine_scan_bwd",
+        "affine_scan_fwd",
+        "angle_scan_bwd",
+        "angle_scan_fwd",
+        "angle_scan_impl",
+        "diag_recurrence_bwd",
+        "diag_recurrence_fwd",
+        "diag_scan_bwd",
+        "diag_scan_fwd",
+        "linear_recurrence_bwd",
+        "linear_recurrence_fwd",
+        "linear_scan_bwd",
+        "linear_scan_fwd",
+        "log_recurrence_bwd",
+        "log_recurrence_fwd",
+        "parallel_scan_log_bwd",
+        "parallel_scan_log_fwd",
+    )
 else:
     _KERNEL_NAMES = ()
 
