@@ -35,7 +35,7 @@ def test_every_scan_runs_its_kernel_and_matches_the_reference() -> None:
     a, b = torch.rand(2, 7, 3, dtype=torch.float64), torch.randn(2, 7, 3, dtype=torch.float64)
     assert mingru.explain_scan("linear", a, b).impl == "triton"
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", "mingru: ", RuntimeWarning)
         got = linear_scan(a, b)
     for x, y in zip(got, linear_scan_ref(a, b), strict=True):
         torch.testing.assert_close(x, y)
@@ -58,7 +58,7 @@ def test_auto_warns_once_and_runs_the_reference_outside_the_envelope() -> None:
     for x, y in zip(got, affine_scan_ref(A, Bm), strict=True):
         torch.testing.assert_close(x, y)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", "mingru: ", RuntimeWarning)
         affine_scan(A, Bm)
         affine_recurrence(A, Bm, torch.zeros(1, 1, 33, 2))  # the same reason: no second warning
 
