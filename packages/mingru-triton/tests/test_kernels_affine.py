@@ -274,6 +274,14 @@ CUDA_CASES = [
     ((2, 2048, 4, 8, 8), torch.bfloat16),
     ((2, 2048, 4, 16, 4), torch.float16),
     ((2, 512, 2, 4, 4), torch.float64),
+    # short cases around (k = 16, v = 4, float16), which gave a wrong dA on the H200 (not under the
+    # interpreter): which of the dtype, k and v is at fault
+    ((2, 64, 2, 16, 4), torch.float32),
+    ((2, 64, 2, 16, 4), torch.bfloat16),
+    ((2, 64, 2, 16, 4), torch.float16),
+    ((2, 64, 2, 8, 8), torch.float16),
+    ((2, 64, 2, 16, 16), torch.float16),
+    ((2, 64, 2, 4, 16), torch.float16),
 ]
 
 
