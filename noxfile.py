@@ -18,7 +18,7 @@ import nox
 nox.needs_version = ">=2024.4.15"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_external_run = True
-nox.options.sessions = ["lint", "typecheck", "tests(torch='2.13.0')", "core_only", "build"]
+nox.options.sessions = ["lint", "typecheck", "tests(torch='2.13.0')", "core_only", "build", "bench_smoke"]
 
 ROOT = Path(__file__).resolve().parent
 PACKAGES = {name: ROOT / "packages" / name for name in ("mingru-core", "mingru-triton", "mingru-compile")}
@@ -159,6 +159,18 @@ def build(session: nox.Session) -> None:
 
 
 WHEELS = ROOT / ".whl"
+
+
+@nox.session
+def bench_smoke(session: nox.Session) -> None:
+    """The benchmark runner on tiny shapes on the CPU (kernels under the Triton interpreter): it runs, checks
+    every implementation against float64 and prints its tables. Timings here mean nothing; see benchmarks/."""
+    torch = DEFAULT_TORCH
+    session.install(f"torch=={torch}", TRITON_FOR_TORCH[torch], "numpy", *EDITABLE_BUILD_TOOLS)
+    session.install(
+        "--no-build-isolation", "--no-deps", *(arg for p in PACKAGES.values() for arg in ("-e", str(p)))
+    )
+    session.run("python", str(ROOT / "benchmarks" / "bench.py"), "--smoke", *session.posargs)
 
 
 @nox.session

@@ -1,0 +1,715 @@
+"""Benchmark runner: mingru's scans and layers side by side with the peers, against the bandwidth floor.
+
+For every case (op or layer, shape, dtype, mode) and every implementation: a check against a float64
+reference on a small case first (a wrong result is reported as ``wrong`` and not timed), then the median of
+``triton.testing.do_bench`` (warm-up, L2 flushed between runs), the peak memory of one call, the effective
+bandwidth and "x floor": the time over that of a device copy moving the least bytes the op must move,
+measured in the same run. Rows append to a CSV (GPU name and versions on every row); a summary table per case
+gives ours, the best peer, the ratio, x floor and the issue's targets. Peers missing here are reported as
+``not installed``.
+
+    python benchmarks/bench.py --csv out/bench.csv --summary out/summary.md --plots out/plots
+    python benchmarks/bench.py --quick                 # a subset of shapes, shorter reps
+    python benchmarks/bench.py --groups k1,log --dtypes float32 --no-slow-peers
+    python benchmarks/bench.py --list                  # the cases and impls that would run
+    python benchmarks/bench.py --smoke                 # CPU, tiny shapes, Triton interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import gc
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import cases as registry
+import peers
+import targets
+import torch
+from torch import Tensor
+
+import mingru
+
+FIELDS = (
+    "run", "gpu", "torch", "triton", "mingru", "peers", "group", "op", "shape", "dtype", "mode", "impl",
+    "ours", "status", "ms", "gbps", "x_floor", "floor_ms", "peak_mb", "least_mb", "mem_x_least", "check_err",
+    "error", "error_x_rounding", "first_call_s", "note",
+)  # fmt: skip
+
+CHECK_LIMIT = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3, torch.float64: 1e-9}
+LAYER_LIMIT = {torch.float32: 5e-3, torch.bfloat16: 6e-2, torch.float16: 1e-2, torch.float64: 1e-9}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _nbytes(tensors: Sequence[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, Tensor))
+
+
+def _double(x: Any) -> Any:
+    return x.double() if isinstance(x, Tensor) and x.is_floating_point() else x
+
+
+def _rel(got: Tensor, expected: Tensor) -> float:
+    scale = expected.abs().max().clamp_min(1e-30)
+    return float(((got.double() - expected).abs().max() / scale).item())
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+        self.cuda = self.device.type == "cuda"
+        self.started = time.perf_counter()
+        self.compile_spent = 0.0
+        self.floors: dict[int, float] = {}
+        self.stress_done: set[tuple[str, str, str]] = set()
+        self.slow: dict[tuple[str, str, str, str], tuple[float, int]] = {}
+        self.rows: list[dict[str, Any]] = []
+        self.run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.env = self._environment()
+        self.writer: Any = None
+        if args.csv is not None:
+            args.csv.parent.mkdir(parents=True, exist_ok=True)
+            new = not args.csv.exists() or args.csv.stat().st_size == 0
+            self.handle = args.csv.open("a", newline="")
+            self.writer = csv.DictWriter(self.handle, FIELDS)
+            if new:
+                self.writer.writeheader()
+
+    # ------------------------------------------------------------------------------------- environment
+
+    def _environment(self) -> dict[str, str]:
+        try:
+            import triton
+
+            triton_version = triton.__version__
+        except Exception:
+            triton_version = "-"
+        gpu = torch.cuda.get_device_name() if self.cuda else f"cpu ({platform.machine()})"
+        peer_versions = ", ".join(f"{k} {v}" for k, v in peers.versions().items())
+        return {
+            "gpu": gpu,
+            "torch": torch.__version__,
+            "triton": triton_version,
+            "mingru": mingru.__version__,
+            "peers": peer_versions,
+        }
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    # ------------------------------------------------------------------------------------- measuring
+
+    def time_ms(self, fn: Callable[[], Any]) -> float:
+        if self.cuda:
+            from triton.testing import do_bench
+
+            return float(do_bench(fn, warmup=self.args.warmup, rep=self.args.rep, return_mode="median"))
+        times = []
+        for _ in range(1 if self.args.smoke else 3):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    def floor_ms(self, nbytes: int) -> float:
+        """Median time of a device copy reading nbytes/2 and writing nbytes/2 (cached per size)."""
+        if nbytes not in self.floors:
+            count = max(nbytes // 8, 1)
+            src = torch.empty(count, dtype=torch.float32, device=self.device)
+            dst = torch.empty_like(src)
+            self.floors[nbytes] = self.time_ms(lambda: dst.copy_(src))
+            del src, dst
+        return self.floors[nbytes]
+
+    def one_call(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        self.sync()
+        start = time.perf_counter()
+        out = fn()
+        self.sync()
+        return out, time.perf_counter() - start
+
+    def peak_bytes(self, fn: Callable[[], Any]) -> int | None:
+        """Bytes allocated during one call beyond what was allocated before it (None off CUDA)."""
+        if not self.cuda:
+            return None
+        gc.collect()
+        self.sync()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = fn()
+        self.sync()
+        peak = torch.cuda.max_memory_allocated() - before
+        del out
+        return peak
+
+    # ------------------------------------------------------------------------------------- callables
+
+    def module_for(
+        self, impl: registry.Impl, shape: registry.Shape, dtype: torch.dtype
+    ) -> torch.nn.Module | None:
+        if impl.layer is None:
+            return None
+        torch.manual_seed(1)
+        return impl.layer(shape[-1]).to(device=self.device, dtype=dtype)
+
+    @staticmethod
+    def call(impl: registry.Impl, module: torch.nn.Module | None) -> Callable[..., Any]:
+        if module is None:
+            return impl.fn
+        return lambda *x: impl.fn(module, *x)
+
+    @staticmethod
+    def native_grad(case: registry.Case, impl: registry.Impl) -> tuple[int, ...]:
+        if impl.grad is not None:
+            return impl.grad
+        return tuple(i for i in case.grad if i not in impl.no_grad and i != impl.zero_state)
+
+    def canonical(self, case: registry.Case, impl: registry.Impl, shape: registry.Shape, dtype: torch.dtype,
+                  maker: Callable[..., registry.Inputs] | None = None) -> list[Any]:  # fmt: skip
+        torch.manual_seed(0)
+        inputs = list((maker or case.make)(shape, dtype, self.device))
+        if impl.zero_state is not None:
+            inputs[impl.zero_state] = torch.zeros_like(inputs[impl.zero_state])
+        return inputs
+
+    # ------------------------------------------------------------------------------------- checks
+
+    def check(self, case: registry.Case, impl: registry.Impl, dtype: torch.dtype, backward: bool,
+              shape: registry.Shape) -> tuple[float, str | None]:  # fmt: skip
+        """Largest error (relative to the largest magnitude) of outputs and, with backward, input grads,
+        against float64; and a message when above the limit."""
+        module = self.module_for(impl, shape, dtype)
+        inputs = self.canonical(case, impl, shape, dtype)
+        wanted = [i for i in case.grad if i not in impl.no_grad and i != impl.zero_state] if backward else []
+        leaves = [x.detach().requires_grad_() if i in wanted else x for i, x in enumerate(inputs)]
+        ref_leaves = [
+            _double(x).detach().requires_grad_() if i in wanted else _double(x) for i, x in enumerate(inputs)
+        ]
+        got = impl.restore(self.call(impl, module)(*impl.prepare(*leaves)))
+        if module is not None:
+            import copy
+
+            twin = copy.deepcopy(module).double()
+            expected = registry._tuple(impl.fn(twin, *ref_leaves))
+            limit = LAYER_LIMIT[dtype]
+        else:
+            assert case.reference is not None
+            expected = registry._tuple(case.reference(*ref_leaves))
+            limit = CHECK_LIMIT[dtype]
+        errors = {f"output {i}": _rel(g, e) for i, (g, e) in enumerate(zip(got, expected, strict=True))}
+        if wanted:
+            torch.manual_seed(2)
+            gouts = [torch.randn_like(e) for e in expected]
+            grads = torch.autograd.grad(
+                got, [leaves[i] for i in wanted], [g.to(o.dtype) for g, o in zip(gouts, got, strict=True)]
+            )
+            ref_grads = torch.autograd.grad(expected, [ref_leaves[i] for i in wanted], gouts)
+            for i, g, e in zip(wanted, grads, ref_grads, strict=True):
+                errors[f"grad of input {i}"] = _rel(g, e)
+        worst_name = max(errors, key=lambda k: errors[k] if math.isfinite(errors[k]) else math.inf)
+        worst = errors[worst_name]
+        if not math.isfinite(worst) or worst > limit:
+            return worst, f"{worst_name}: error {worst:.2e} of the largest magnitude (limit {limit:.0e})"
+        return worst, None
+
+    def stress(self, case: registry.Case, impl: registry.Impl, dtype: torch.dtype) -> str:
+        """Forward with gates near 1, twice: the error and whether identical calls agree (a note only)."""
+        key = (case.op, impl.name, _dtype_name(dtype))
+        if case.stress is None or key in self.stress_done:
+            return ""
+        self.stress_done.add(key)
+        shape = case.stress_shape if (self.cuda and case.stress_shape) else case.tiny
+        try:
+            inputs = self.canonical(case, impl, shape, dtype, case.stress)
+            assert case.reference is not None
+            expected = registry._tuple(case.reference(*(_double(x) for x in inputs)))
+            with torch.no_grad():
+                first = impl.restore(impl.fn(*impl.prepare(*inputs)))
+                second = impl.restore(impl.fn(*impl.prepare(*inputs)))
+            err = max(_rel(g, e) for g, e in zip(first, expected, strict=True))
+            spread = max(_rel(a, b.double()) for a, b in zip(first, second, strict=True))
+        except Exception as exc:
+            return f"gates near 1: {type(exc).__name__}"
+        note = f"gates near 1 {'x'.join(map(str, shape))}: error {err:.1e}"
+        if spread > 0:
+            note += f", identical calls differ by {spread:.1e}"
+        return note
+
+    # ------------------------------------------------------------------------------------- one measurement
+
+    def unavailable(self, case: registry.Case, impl: registry.Impl, shape: registry.Shape, dtype: torch.dtype,
+                    mode: str) -> str | None:  # fmt: skip
+        args = self.args
+        if impl.package is not None and peers.status(impl.package) is not None:
+            return peers.status(impl.package)
+        if impl.ours and case.group != "layer":
+            reason = mingru.triton_scans.available()
+            if reason is not True:
+                return f"skipped: {reason}"
+        if impl.gpu_only and not self.cuda:
+            return "skipped: GPU only"
+        if impl.slow and args.no_slow_peers:
+            return "skipped: --no-slow-peers"
+        if impl.dtypes is not None and dtype not in impl.dtypes and not args.full:
+            return "skipped: dtype not run for this impl (--full)"
+        if mode != "acc" and mode not in impl.modes and not args.full:
+            return "skipped: mode not run for this impl (--full)"
+        if impl.skip is not None and (why := impl.skip(shape)) and not (args.full and impl.full_lifts_skip):
+            return f"{'skipped' if impl.full_lifts_skip else 'n/a'}: {why}"
+        if impl.compiled and self.compile_spent > args.compile_budget:
+            return f"skipped: compile budget ({args.compile_budget:.0f} s) spent"
+        key = (case.op, impl.name, _dtype_name(dtype), mode)
+        if key in self.slow:
+            ms, numel = self.slow[key]
+            projected = ms * math.prod(shape) / numel
+            if projected > args.slow_ms * 10:
+                return f"skipped: projected {projected / 1e3:.1f} s per call from a smaller shape"
+        return None
+
+    def measure(self, case: registry.Case, impl: registry.Impl, shape: registry.Shape, dtype: torch.dtype,
+                mode: str) -> dict[str, Any]:  # fmt: skip
+        row: dict[str, Any] = {"status": "ok", "note": impl.note}
+        notes = [impl.note] if impl.note else []
+        backward = mode in ("bwd", "fwdbwd")
+        check_shape = case.tiny if self.args.smoke else case.small
+        start = time.perf_counter()
+        try:
+            err, wrong = self.check(case, impl, dtype, backward, check_shape)
+        except Exception as exc:
+            return {"status": f"error in check: {type(exc).__name__}: {str(exc)[:200]}", "note": impl.note}
+        finally:
+            if impl.compiled:
+                self.compile_spent += time.perf_counter() - start
+        row["check_err"] = err
+        if (stress := self.stress(case, impl, dtype)) != "":
+            notes.append(stress)
+        row["note"] = "; ".join(notes)
+        if mode == "acc":  # the accuracy is the measurement: taken even when the small check fails
+            if wrong is not None:
+                row["note"] = "; ".join([*notes, f"small check: {wrong}"])
+            return {**row, **self.accuracy(case, impl, shape, dtype)}
+        if wrong is not None:
+            row["status"] = f"wrong: {wrong}"
+            return row
+        module = self.module_for(impl, shape, dtype)
+        inputs = self.canonical(case, impl, shape, dtype)
+        with torch.no_grad():
+            native = list(impl.prepare(*inputs))
+        del inputs
+        params = list(module.parameters()) if module is not None else []
+        call = self.call(impl, module)
+        gidx = self.native_grad(case, impl)
+        if mode == "fwd":
+
+            def fn() -> Any:
+                with torch.no_grad():
+                    return call(*native)
+
+            base = _nbytes(native) + _nbytes(params)
+        else:
+            native = [x.detach().requires_grad_() if i in gidx else x for i, x in enumerate(native)]
+            wrt = [native[i] for i in gidx] + params
+            outs = registry._tuple(call(*native))
+            gouts = [torch.randn_like(o) for o in outs]
+            if mode == "fwdbwd":
+                del outs
+
+                def fn() -> Any:
+                    return torch.autograd.grad(registry._tuple(call(*native)), wrt, gouts)
+
+            else:
+
+                def fn() -> Any:
+                    return torch.autograd.grad(outs, wrt, gouts, retain_graph=True)
+
+            base = _nbytes(native) + _nbytes(params) + _nbytes(gouts)
+        start = time.perf_counter()
+        first, first_s = self.one_call(fn)
+        if impl.compiled:
+            self.compile_spent += time.perf_counter() - start
+        row["first_call_s"] = first_s
+        # the least: inputs and parameters, outputs; with backward also output grads and input grads
+        least = _nbytes(native) + _nbytes(params) + _nbytes(registry._tuple(first))
+        if mode != "fwd":
+            least += 2 * _nbytes(gouts)
+        del first
+        _, second_s = self.one_call(fn)
+        if second_s * 1e3 > self.args.slow_ms:
+            ms = second_s * 1e3
+            row["note"] = "; ".join([*notes, "one timed call (slow)"])
+            self.slow[(case.op, impl.name, _dtype_name(dtype), mode)] = (ms, math.prod(shape))
+        else:
+            ms = self.time_ms(fn)
+        peak = self.peak_bytes(fn)
+        row["ms"] = ms
+        if peak is not None:
+            row["peak_mb"] = (base + peak) / 2**20
+            row["least_mb"] = least / 2**20
+            row["mem_x_least"] = (base + peak) / least
+        if case.bytes_fwd is not None and case.bytes_bwd is not None:
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            nbytes = {
+                "fwd": case.bytes_fwd(shape, itemsize),
+                "bwd": case.bytes_bwd(shape, itemsize),
+                "fwdbwd": case.bytes_fwd(shape, itemsize) + case.bytes_bwd(shape, itemsize),
+            }[mode]
+            floor = self.floor_ms(nbytes)
+            row.update(gbps=nbytes / ms / 1e6, x_floor=ms / floor, floor_ms=floor)
+        return row
+
+    def accuracy(self, case: registry.Case, impl: registry.Impl, shape: registry.Shape,
+                 dtype: torch.dtype) -> dict[str, Any]:  # fmt: skip
+        """Error at the full shape against float64: element-wise relative for positive outputs; for half types
+        also over the error of rounding the exact answer to that type."""
+        inputs = self.canonical(case, impl, shape, dtype)
+        with torch.no_grad():
+            got = impl.restore(impl.fn(*impl.prepare(*inputs)))[0].double()
+            assert case.reference is not None
+            exact = registry._tuple(case.reference(*(_double(x) for x in inputs)))[0]
+
+        def err(x: Tensor) -> float:
+            if case.positive:
+                return float(((x - exact).abs() / exact.abs().clamp_min(1e-300)).max().item())
+            return _rel(x, exact)
+
+        out: dict[str, Any] = {"error": err(got)}
+        if dtype != torch.float32 and dtype != torch.float64:
+            rounding = err(exact.to(dtype).double())
+            out["error_x_rounding"] = out["error"] / max(rounding, 1e-300)
+        return out
+
+    # ------------------------------------------------------------------------------------- the loop
+
+    def emit(self, case: registry.Case, shape: registry.Shape, dtype: torch.dtype, mode: str,
+             impl: registry.Impl, row: dict[str, Any]) -> None:  # fmt: skip
+        full = {
+            "run": self.run_id,
+            **self.env,
+            "group": case.group,
+            "op": case.op,
+            "shape": "x".join(map(str, shape)),
+            "dtype": _dtype_name(dtype),
+            "mode": mode,
+            "impl": impl.name,
+            "ours": int(impl.ours),
+            **row,
+        }
+        self.rows.append(full)
+        if self.writer is not None:
+            self.writer.writerow({k: _fmt(full.get(k)) for k in FIELDS})
+            self.handle.flush()
+        cells = [full["group"], f"{case.op} {full['shape']}", full["dtype"], mode, impl.name, full["status"]]
+        for key, spec in (("ms", ".4f"), ("x_floor", ".2f"), ("gbps", ".0f"), ("mem_x_least", ".2f"),
+                          ("error", ".1e"), ("error_x_rounding", ".2f")):  # fmt: skip
+            if full.get(key) is not None:
+                cells.append(f"{key}={format(full[key], spec)}")
+        if full.get("note"):
+            cells.append(full["note"])
+        print(" | ".join(cells), flush=True)
+
+    def run(self, selected: list[registry.Case]) -> None:
+        args = self.args
+        for case in selected:
+            shape = case.tiny if args.smoke else case.shape
+            for dtype in case.dtypes:
+                if _dtype_name(dtype) not in args.dtypes:
+                    continue
+                for mode in case.modes:
+                    if mode not in args.modes:
+                        continue
+                    for impl in case.impls:
+                        if not _impl_selected(impl, args):
+                            continue
+                        if self.elapsed() > args.budget_min * 60:
+                            row = {"status": f"skipped: time budget ({args.budget_min:g} min) spent"}
+                        elif (why := self.unavailable(case, impl, shape, dtype, mode)) is not None:
+                            row = {"status": why, "note": impl.note}
+                        else:
+                            try:
+                                row = self.measure(case, impl, shape, dtype, mode)
+                            except Exception as exc:
+                                row = {"status": f"error: {type(exc).__name__}: {str(exc)[:200]}"}
+                        self.emit(case, shape, dtype, mode, impl, row)
+                        if self.cuda:
+                            gc.collect()
+                            torch.cuda.empty_cache()
+
+
+def _fmt(value: Any) -> Any:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "" if value is None else value
+
+
+def _impl_selected(impl: registry.Impl, args: argparse.Namespace) -> bool:
+    if args.impls and not any(s in impl.name for s in args.impls):
+        return False
+    return not (args.skip_impls and any(s in impl.name for s in args.skip_impls))
+
+
+def select(args: argparse.Namespace) -> list[registry.Case]:
+    chosen = []
+    seen: set[tuple[str, str]] = set()
+    for case in registry.build(eager=args.eager, full=args.full):
+        if args.groups and case.group not in args.groups:
+            continue
+        if args.ops and not any(s in case.label for s in args.ops):
+            continue
+        if args.quick and not case.quick:
+            continue
+        if args.smoke:  # one shape per op
+            key = (case.group, case.op.split()[0])
+            if key in seen:
+                continue
+            seen.add(key)
+        chosen.append(case)
+    return chosen
+
+
+# ----------------------------------------------------------------------------------------- summary
+
+
+def summarize(rows: list[dict[str, Any]], with_targets: bool = True) -> list[dict[str, Any]]:
+    """One line per (case, dtype, mode, one of ours): ours, the best peer, the ratio, x floor, targets."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        key = (row["group"], row["op"], row["shape"], row["dtype"], row["mode"])
+        groups.setdefault(key, []).append(row)
+    lines = []
+    for (group, op, shape, dtype, mode), members in groups.items():
+        timed = {r["impl"]: _metrics(r) for r in members if not r["ours"]}
+        peer_ok = {n: m for n, m in timed.items() if m.get("ms") is not None or m.get("error") is not None}
+        if mode == "acc":
+            best_name = min(peer_ok, key=lambda n: peer_ok[n]["error"], default=None)
+        else:
+            best_name = min(
+                (n for n in peer_ok if peer_ok[n].get("ms") is not None),
+                key=lambda n: peer_ok[n]["ms"],
+                default=None,
+            )
+        best = timed.get(best_name) if best_name else None
+        for ours_row in (r for r in members if r["ours"]):
+            ours = _metrics(ours_row)
+            shape_t = tuple(int(s) for s in shape.split("x"))
+            verdict = (
+                targets.evaluate(group, op, shape_t, dtype, mode, ours, timed)
+                if with_targets and ours_row["status"] == "ok"
+                else []
+            )
+            ratio = None
+            if best is not None and best.get("ms") and ours.get("ms"):
+                ratio = best["ms"] / ours["ms"]
+            lines.append({
+                "case": f"{op} {shape}", "dtype": dtype, "mode": mode, "ours": ours_row["impl"],
+                "status": ours_row["status"], "ms": ours.get("ms"), "x_floor": ours.get("x_floor"),
+                "mem_x_least": ours.get("mem_x_least"), "error": ours.get("error"),
+                "best_peer": best_name or "-", "peer_ms": best.get("ms") if best else None,
+                "peer_x_floor": best.get("x_floor") if best else None,
+                "peer_error": best.get("error") if best else None, "speedup": ratio,
+                "targets": targets.text(verdict), "passed": all(ok is not False for _, ok in verdict),
+                "peers": {n: _peer_cell(r) for n, r in ((r["impl"], r) for r in members if not r["ours"])},
+            })  # fmt: skip
+    return lines
+
+
+def _metrics(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row.get(k) for k in ("ms", "x_floor", "peak_mb", "mem_x_least", "error", "error_x_rounding")}
+
+
+def _peer_cell(row: dict[str, Any]) -> str:
+    if row.get("ms") is not None:
+        return f"{row['ms']:.3f} ms"
+    if row.get("error") is not None:
+        return f"err {row['error']:.1e}"
+    return str(row.get("status", ""))[:60]
+
+
+def _num(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(
+    lines: list[dict[str, Any]], env: dict[str, str], run_id: str, rows: Sequence[dict[str, Any]] = ()
+) -> str:
+    out = [
+        f"Run {run_id} on {env['gpu']}; torch {env['torch']}, triton {env['triton']}, "
+        f"mingru {env['mingru']}; peers: {env['peers']}",
+        "",
+        "| case | dtype | mode | ours | ours ms | x floor | best peer | peer ms | peer x floor | peer/ours | "
+        "mem x least | targets |",
+        "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for ln in lines:
+        if ln["mode"] == "acc":
+            ours_ms = f"err {_num(ln['error'], '.1e')}"
+            peer_ms = f"err {_num(ln['peer_error'], '.1e')}"
+        else:
+            ours_ms = _num(ln["ms"], ".4f") if ln["status"] == "ok" else ln["status"][:40]
+            peer_ms = _num(ln["peer_ms"], ".4f")
+        out.append(
+            f"| {ln['case']} | {ln['dtype']} | {ln['mode']} | {ln['ours']} | {ours_ms} | "
+            f"{_num(ln['x_floor'], '.2f')} | {ln['best_peer']} | {peer_ms} | "
+            f"{_num(ln['peer_x_floor'], '.2f')} | {_num(ln['speedup'], '.2f')} | "
+            f"{_num(ln['mem_x_least'], '.2f')} | {ln['targets']} |"
+        )
+    passed = sum(1 for ln in lines if ln["passed"] and ln["targets"])
+    missed = sum(1 for ln in lines if not ln["passed"])
+    out += ["", f"targets: {passed} lines pass, {missed} lines miss"]
+    peers_seen = sorted({p for ln in lines for p in ln["peers"]})
+    if peers_seen:
+        out += ["", "Peers per case (median ms, or status):", ""]
+        out.append("| case | dtype | mode | " + " | ".join(peers_seen) + " |")
+        out.append("| --- | --- | --- | " + " | ".join("---" for _ in peers_seen) + " |")
+        done = set()
+        for ln in lines:
+            key = (ln["case"], ln["dtype"], ln["mode"])
+            if key in done or not ln["peers"]:
+                continue
+            done.add(key)
+            cells = [ln["peers"].get(p, "") for p in peers_seen]
+            out.append(f"| {ln['case']} | {ln['dtype']} | {ln['mode']} | " + " | ".join(cells) + " |")
+    stress = {}
+    for row in rows:
+        for part in str(row.get("note") or "").split("; "):
+            if part.startswith("gates near 1"):
+                stress[(row["op"], row["impl"], row["dtype"])] = part
+    if stress:
+        out += ["", "Forward with gates in [0.999, 1), two identical calls (a note, not a gate):", ""]
+        out += [f"- {op}, {impl}, {dtype}: {note}" for (op, impl, dtype), note in stress.items()]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    def listed(text: str) -> list[str]:
+        return [s.strip() for s in text.split(",") if s.strip()]
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--groups", type=listed, default=[], help="k1,log,accuracy,affine,angle,layer,seed,diag"
+    )
+    parser.add_argument("--ops", type=listed, default=[], help="substrings of case labels (op and shape)")
+    parser.add_argument("--dtypes", type=listed, default=["float32", "bfloat16"])
+    parser.add_argument("--modes", type=listed, default=["fwd", "fwdbwd", "acc"], help="fwd,bwd,fwdbwd,acc")
+    parser.add_argument(
+        "--impls", type=listed, default=[], help="substrings of impl names to run (default all)"
+    )
+    parser.add_argument("--skip-impls", type=listed, default=[], help="substrings of impl names to skip")
+    parser.add_argument(
+        "--no-slow-peers", action="store_true", help="skip torch.compile'd and eager baselines"
+    )
+    parser.add_argument("--eager", action="store_true", help="add mingru's eager references as baselines")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="every peer at every shape, dtype and mode (slow: compile, autotune)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a subset of shapes, rep 30 ms")
+    parser.add_argument("--rep", type=float, default=None, help="do_bench rep in ms (default 60; quick 30)")
+    parser.add_argument("--warmup", type=float, default=None, help="do_bench warmup in ms (default 20)")
+    parser.add_argument(
+        "--slow-ms", type=float, default=300.0, help="one call slower than this is timed once"
+    )
+    parser.add_argument(
+        "--compile-budget", type=float, default=150.0, help="seconds of torch.compile in total"
+    )
+    parser.add_argument(
+        "--budget-min", type=float, default=8.5, help="skip what is left after this many minutes"
+    )
+    parser.add_argument("--csv", type=Path, default=None, help="append the rows to this CSV")
+    parser.add_argument("--summary", type=Path, default=None, help="write the summary table (markdown) here")
+    parser.add_argument(
+        "--plots", type=Path, default=None, help="draw the figures of this run into this folder"
+    )
+    parser.add_argument("--list", action="store_true", help="list the cases and impls, run nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU, tiny shapes, kernels under TRITON_INTERPRET"
+    )
+    args = parser.parse_args(argv)
+    if args.rep is None:
+        args.rep = 30.0 if args.quick else 60.0
+    if args.warmup is None:
+        args.warmup = 10.0 if args.quick else 20.0
+    return args
+
+
+def list_cases(selected: list[registry.Case], args: argparse.Namespace) -> None:
+    count = 0
+    for case in selected:
+        dtypes = [d for d in case.dtypes if _dtype_name(d) in args.dtypes]
+        modes = [m for m in case.modes if m in args.modes]
+        impls = [i for i in case.impls if _impl_selected(i, args)]
+        n = len(dtypes) * len(modes) * len(impls)
+        count += n
+        print(f"{case.group:8} {case.label:42} {','.join(map(_dtype_name, dtypes)):17} {','.join(modes):12} "
+              f"{len(impls)} impls: {', '.join(i.name for i in impls)}")  # fmt: skip
+    print(f"{len(selected)} cases, {count} (impl, dtype, mode) measurements at most")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if args.smoke:
+        peers.COMPILE["enabled"] = False
+    selected = select(args)
+    if args.list:
+        list_cases(selected, args)
+        return 0
+    runner = Runner(args)
+    env = runner.env
+    print(
+        f"# {runner.run_id}; {env['gpu']}; torch {env['torch']}, triton {env['triton']}, "
+        f"mingru {env['mingru']}; peers: {env['peers']}; python {platform.python_version()}",
+        flush=True,
+    )
+    if runner.cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    runner.run(selected)
+    lines = summarize(runner.rows, with_targets=not args.smoke)
+    table = render(lines, env, runner.run_id, runner.rows)
+    print("\n## Summary\n")
+    print(table)
+    print(
+        f"\n# wall {runner.elapsed():.0f} s, torch.compile and first calls of compiled peers "
+        f"{runner.compile_spent:.0f} s"
+    )
+    if args.summary is not None:
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        args.summary.write_text(table + "\n")
+    if args.plots is not None:
+        try:
+            import plot
+
+            plot.draw(runner.rows, args.plots)
+        except Exception as exc:
+            print(f"# plots failed: {type(exc).__name__}: {exc}")
+    bad = [r for r in runner.rows if r["ours"] and r["status"].startswith(("wrong", "error"))]
+    if args.smoke and bad:
+        print(f"# smoke: {len(bad)} of ours wrong or failing", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    if "--smoke" in sys.argv:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.exit(main())
