@@ -126,6 +126,22 @@ def tests(session: nox.Session, torch: str) -> None:
 
 
 @nox.session
+def compile(session: nox.Session) -> None:
+    """The CPU part of mingru-compile (tests marked ``compile``) on torch 2.13.0: full-graph compiles of every
+    scan and layer, dynamic sequence lengths, the fake-tensor contract of every op; TRITON_INTERPRET unset
+    (opcheck and fake tensors of a triton_op need the real dispatch). CUDA tests skip here; they run with
+    ``scripts/gpu_tests.sh``. Arguments after ``--`` go to pytest."""
+    session.install(f"torch=={DEFAULT_TORCH}", TRITON_FOR_TORCH[DEFAULT_TORCH])
+    session.install("pytest", NUMPY_FOR_TORCH[DEFAULT_TORCH], *EDITABLE_BUILD_TOOLS)
+    session.install(
+        "--no-build-isolation", "--no-deps", *(arg for p in PACKAGES.values() for arg in ("-e", str(p)))
+    )
+    session.run("python", "-m", "pip", "check")
+    tests = str(PACKAGES["mingru-compile"] / "tests")
+    _pytest(session, "compile", tests, "-m", "compile", "--durations=10", env={"TRITON_INTERPRET": None})
+
+
+@nox.session
 def core_only(session: nox.Session) -> None:
     """mingru-core alone (installed from its folder, not editable) on torch 2.13.0 without triton."""
     session.install(f"torch=={DEFAULT_TORCH}", "pytest", "numpy", HATCHLING)

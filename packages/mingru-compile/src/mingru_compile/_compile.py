@@ -9,6 +9,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map
 
+from mingru_compile._report import CompileReport, _clear_counters, _Recorder, _reset_dynamo
+
 Backend = Literal["eager", "aot_eager", "inductor"]
 BACKENDS: tuple[str, ...] = ("eager", "aot_eager", "inductor")
 
@@ -42,7 +44,7 @@ def assert_compiles_like_eager(
     atol: float | None = None,
     check_grad: bool = True,
     dynamic: bool | None = None,
-) -> None:
+) -> CompileReport:
     """Run ``fn`` eagerly and compiled with ``fullgraph=True``; compare outputs and gradients.
 
     Each run gets its own detached copies of the tensor arguments (``requires_grad`` kept). With
@@ -61,6 +63,10 @@ def assert_compiles_like_eager(
         check_grad: also compare gradients.
         dynamic: passed to ``torch.compile``.
 
+    Returns:
+        A :class:`~mingru_compile.CompileReport` of the compiled run (graphs, breaks, the captured graphs);
+        ``grads`` holds the compiled gradients when they were compared.
+
     Raises:
         AssertionError: outputs differ in structure, dtype, device, shape or value (beyond the
             tolerances), or gradients differ; the message names the output or input and how much.
@@ -72,14 +78,21 @@ def assert_compiles_like_eager(
         raise ValueError(
             f"assert_compiles_like_eager: give both rtol and atol or neither; got {rtol=}, {atol=}"
         )
+    if backend not in BACKENDS:
+        raise ValueError(f"assert_compiles_like_eager: backend must be one of {BACKENDS}; got {backend!r}")
     call_kwargs = dict(kwargs or {})
-    torch._dynamo.reset()
+    _reset_dynamo()
     eager_inputs = _detached_copies((args, call_kwargs))
     compiled_inputs = _detached_copies((args, call_kwargs))
     eager_out = fn(*eager_inputs[0], **eager_inputs[1])
-    compiled_out = compile_fullgraph(fn, backend=backend, dynamic=dynamic)(
-        *compiled_inputs[0], **compiled_inputs[1]
-    )
+    recorder = _Recorder(backend)
+    try:
+        compiled_out = torch.compile(fn, fullgraph=True, backend=recorder, dynamic=dynamic)(
+            *compiled_inputs[0], **compiled_inputs[1]
+        )
+        report = recorder.report([compiled_out], [])
+    finally:
+        _clear_counters()
 
     _, eager_spec = tree_flatten(eager_out)
     _, compiled_spec = tree_flatten(compiled_out)
@@ -94,7 +107,7 @@ def assert_compiles_like_eager(
         _assert_leaf_close(f"output{keystr(path)}", actual, expected, backend, rtol, atol)
 
     if not check_grad:
-        return
+        return report
     eager_wrt = _grad_inputs(eager_inputs, fn)
     compiled_wrt = _grad_inputs(compiled_inputs, fn)
     if not eager_wrt:
@@ -120,6 +133,8 @@ def assert_compiles_like_eager(
             )
         if expected_grad is not None:
             _assert_leaf_close(where, actual_grad, expected_grad, backend, rtol, atol)
+    report.grads.append(tuple(compiled_grads))
+    return report
 
 
 def _detached_copies(tree: Any) -> Any:
