@@ -8,7 +8,9 @@
 # triton, CUDA tests included and interpreter tests excluded.
 #
 # Usage: scripts/gpu_tests.sh [pytest arguments...]
-# Environment: WHEELS (default .whl), PYTHON (default python3), SITE (install folder, default a new temp dir).
+# Environment: WHEELS (default .whl), PYTHON (default python3), SITE (install folder, default a new temp dir),
+# JOBS (default 1: one pytest run; N > 1: one pytest process per test file, N at a time, each writing
+# LOGS/<file>.log, then a summary line per file; the exit status is that of the worst file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,5 +35,25 @@ assert torch.cuda.is_available(), "gpu_tests.sh needs a CUDA device"
 print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
 print(f"mingru {mingru.__version__} from {mingru.__file__}; triton_scans.available(): {mingru.triton_scans.available()}")
 PY
-exec "$python" -m pytest -p no:cacheprovider -m "not interpret" packages/mingru-core/tests \
-    packages/mingru-triton/tests packages/mingru-compile/tests "$@"
+folders=(packages/mingru-core/tests packages/mingru-triton/tests packages/mingru-compile/tests)
+jobs=${JOBS:-1}
+if [ "$jobs" -le 1 ]; then
+    exec "$python" -m pytest -p no:cacheprovider -m "not interpret" "${folders[@]}" "$@"
+fi
+logs=${LOGS:-$(mktemp -d)}
+mkdir -p "$logs"
+export python logs
+# Slow files first, so that the longest runs start at once.
+files=$(ls -S packages/*/tests/test_*.py)
+status=0
+# Exit code 5 (no test selected) is expected for a file of interpreter-only tests; any other failure counts.
+printf '%s\n' $files | xargs -P "$jobs" -I{} bash -c \
+    'f={}; name=$(basename "$f" .py); "$python" -m pytest -p no:cacheprovider -q -rfE --tb=short \
+        -m "not interpret" "$f" "$@" > "$logs/$name.log" 2>&1; rc=$?; echo "exit $rc" >> "$logs/$name.log"
+     [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ]' _ "$@" \
+    || status=1
+for log in "$logs"/*.log; do
+    summary=$(grep -E ' in [0-9.]+s' "$log" | tail -n 1 | tr -d '=')
+    printf '%-32s %-60s %s\n' "$(basename "$log" .log)" "${summary:-(no summary)}" "$(tail -n 1 "$log")"
+done
+exit "$status"

@@ -57,10 +57,11 @@ def assert_close(
     value where those cancel.
     """
     rtol, atol = tolerance(dtype, length)
-    expected = expected.double().cpu()
+    expected = expected.double()
     magnitude = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    actual = actual.double().to(expected.device)  # compared where the reference lives (fast on CUDA)
     torch.testing.assert_close(
-        actual.double().cpu(), expected, rtol=rtol, atol=atol * magnitude, msg=lambda m: f"{what}: {m}"
+        actual, expected, rtol=rtol, atol=atol * magnitude, msg=lambda m: f"{what}: {m}"
     )
 
 
