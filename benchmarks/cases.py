@@ -4,7 +4,7 @@ Every case builds *canonical* inputs (mingru's layout, e.g. a, b, h0 for the k =
 implementation turns them into its own native inputs with ``prepare`` (a transpose, a log: not timed, but
 differentiable, so the correctness check compares gradients with respect to the canonical inputs) and maps its
 outputs back with ``restore`` (only for the check). ``bytes_fwd`` / ``bytes_bwd`` are the least bytes the op
-must move (the issue's floor: forward reads a, b and writes h; backward reads dh, a, h and writes da, db).
+must move (the floor: forward reads a, b and writes h; backward reads dh, a, h and writes da, db).
 """
 
 from __future__ import annotations
@@ -408,7 +408,7 @@ F32 = (torch.float32,)
 
 
 def build(eager: bool = False, full: bool = False) -> list[Case]:
-    """Every case, in run order (the issue's headline cases first). eager adds mingru's eager references;
+    """Every case, in run order (the headline cases first). eager adds mingru's eager references;
     full lifts the limits on slow-to-prepare peers (the compiled matrix associative_scan only at k = 16, fp32,
     forward: 15-36 s of compile per shape; fla only at D = 1024, its autotuning is per D and dtype)."""
     cases: list[Case] = []

@@ -5,7 +5,7 @@ reference on a small case first (a wrong result is reported as ``wrong`` and not
 ``triton.testing.do_bench`` (warm-up, L2 flushed between runs), the peak memory of one call, the effective
 bandwidth and "x floor": the time over that of a device copy moving the least bytes the op must move,
 measured in the same run. Rows append to a CSV (GPU name and versions on every row); a summary table per case
-gives ours, the best peer, the ratio, x floor and the issue's targets. Peers missing here are reported as
+gives ours, the best peer, the ratio, x floor and the speed targets. Peers missing here are reported as
 ``not installed``.
 
     python benchmarks/bench.py --csv out/bench.csv --summary out/summary.md --plots out/plots

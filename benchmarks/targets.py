@@ -1,5 +1,5 @@
-"""The issue's targets, evaluated on one summary row: a list of (text, passed) with passed None for
-figures the issue asks only to state."""
+"""The speed targets, evaluated on one summary row: a list of (text, passed) with passed None for
+figures that are only stated."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _vs(ours: Row, peer: Row | None, factor: float, what: str) -> tuple[str, boo
 def evaluate(
     group: str, op: str, shape: tuple[int, ...], dtype: str, mode: str, ours: Row, peers: dict[str, Row]
 ) -> Verdict:
-    """Targets of issue 5 for ours (a row with ms, x_floor, peak/least memory) against the timed peers."""
+    """The speed targets for ours (a row with ms, x_floor, peak/least memory) against the timed peers."""
     timed = {name: row for name, row in peers.items() if row.get("ms") is not None}
     best = min(timed.values(), key=lambda r: r["ms"]) if timed else None
     out: Verdict = []

@@ -310,7 +310,7 @@ class TestCuda:
 
     def test_float32_relative_error_at_65536_steps(self) -> None:
         """Every state within SPEC's 1e-5 relative error of the float64 answer at T = 65536 (the H200 gave
-        1.07e-6 at most; the speed issue's target of 1e-6 is not met yet)."""
+        1.07e-6 at most; the documented speed target of 1e-6 is not met yet)."""
         log_coeffs, log_values = _cuda_case((4, 65536, 128), torch.float32)
         h = parallel_scan_log_fwd(log_coeffs, log_values)
         ref = parallel_scan_log_ref(log_coeffs.double(), log_values.double())
