@@ -179,16 +179,22 @@ def _run(op: str, device: torch.device, args: tuple[Any, ...], flags: dict[str, 
         try:
             return kernel(*args, **kernel_flags)
         except ScanFallback as exc:
-            reason = exc.args[0] if exc.args else "the kernel declined the call"
-            if mode == "triton":
-                message = f"{ENV_VAR}=triton: the Triton {op!r} scan declined the call: {reason}"
-                raise RuntimeError(message) from exc
-            _warn_once(op, reason)
+            _declined(op, "scan", mode, exc)
     elif mode == "triton":
         raise RuntimeError(f"{ENV_VAR}=triton: the {op!r} scan cannot run its Triton kernel: {choice.reason}")
     elif choice.fallback:
         _warn_once(op, choice.reason)
     return reference(*args, **flags)
+
+
+def _declined(op: str, what: str, mode: str, exc: ScanFallback) -> None:
+    """A kernel declined a call: ``RuntimeError`` under ``MINGRU_SCAN=triton``, else warn once (the caller
+    then runs the reference)."""
+    reason = exc.args[0] if exc.args else "the kernel declined the call"
+    if mode == "triton":
+        message = f"{ENV_VAR}=triton: the Triton {op!r} {what} declined the call: {reason}"
+        raise RuntimeError(message) from exc
+    _warn_once(op, reason)
 
 
 def _dispatch_scan(op: str, *args: Tensor) -> Any:
@@ -222,11 +228,7 @@ def _dispatch_recurrence(
     try:
         return kernel(coeffs, values, state)
     except ScanFallback as exc:
-        reason = exc.args[0] if exc.args else "the kernel declined the call"
-        if mode == "triton":
-            message = f"{ENV_VAR}=triton: the Triton {op!r} recurrence declined the call: {reason}"
-            raise RuntimeError(message) from exc
-        _warn_once(op, reason)
+        _declined(op, "recurrence", mode, exc)
     return compose(_REFERENCES[op][1], coeffs, values, h0)
 
 
