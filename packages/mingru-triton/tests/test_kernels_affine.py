@@ -344,3 +344,24 @@ def test_cuda_indexes_past_2_31_elements() -> None:
         assert_close(Abar[1, t, 0], prod, torch.bfloat16, what=f"Abar[1, {t}]")
     assert_close(Bbar[0, -1, 0], Bm[0, :, 0].double().sum(0), torch.bfloat16, what="Bbar[0, -1]")
     assert torch.equal(Abar[0, -1, 0], A[0, 0, 0])
+
+
+@on_gpu
+def test_cuda_multiply_and_sum_products_never_use_tensor_cores() -> None:
+    """The multiply + sum products (k = 16, v = 4: no tl.dot) compile to plain FMA, not to a TF32 mma.
+
+    Triton 3.6 rewrote ``sum(a[:, :, None] * b[None, :, :], 1)`` with M, N >= 16 into a TF32 dot on tensor
+    cores, which gave a wrong dA for v = 4 on the H200; ``_mm`` writes the product so that it does not match.
+    """
+    from mingru_triton import affine
+
+    _check_scan((2, 64, 2, 16, 4), torch.float32, torch.device("cuda"))
+    _check_recurrence((2, 64, 2, 16, 4), torch.float32, torch.device("cuda"))
+    compiled = 0
+    for kernel in (affine._fwd_kernel, affine._bwd_kernel, affine._carry_kernel):
+        for cache in kernel.device_caches.values():
+            for binary in cache[0].values():
+                ptx = binary.asm["ptx"]
+                compiled += 1
+                assert "tf32" not in ptx, f"{kernel.__name__}: a TF32 instruction in the compiled kernel"
+    assert compiled > 0, "no compiled affine kernel found in Triton's cache"

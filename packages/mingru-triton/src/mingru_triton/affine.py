@@ -57,8 +57,15 @@ _forced: tuple[str, int | None] | None = None
 
 @triton.jit
 def _mm(a, b, DOT: tl.constexpr):
-    """a (M, K) @ b (K, N): IEEE ``tl.dot`` when ``DOT`` (every side >= 16, float32), else multiply + sum."""
-    c = tl.dot(a, b, input_precision="ieee") if DOT else tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+    """a (M, K) @ b (K, N): IEEE ``tl.dot`` when ``DOT`` (every side >= 16, float32), else multiply + sum.
+
+    The product is written b[None] * a[..., None] on purpose: Triton's combine pass rewrites exactly
+    ``sum(a[:, :, None] * b[None, :, :], 1)`` with M, N >= 16 into a ``tt.dot``, in TF32 up to Triton 3.6
+    and for any K, so on sm_80+ it ran on tensor cores (mma m16n8k8) and a K < 8 product (L^B X^T with
+    v = 4, k = 16) came out wrong. With the operands swapped the pattern does not match and the sum stays
+    a plain float32 (or float64) multiply + reduce on every Triton version.
+    """
+    c = tl.dot(a, b, input_precision="ieee") if DOT else tl.sum(b[None, :, :] * a[:, :, None], axis=1)
     return c
 
 
@@ -404,8 +411,8 @@ def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
     """Tile sizes (k, v padded to powers of two >= 2), the tl.dot switches and num_warps.
 
     tl.dot (IEEE float32) for float32 inputs when k and v are both >= 16, so that every product of a kernel
-    takes the same path; other dtypes and sizes multiply and sum (float16 inputs with k = 16, v = 4 gave a
-    wrong dA on the H200 with tl.dot for the k x k products alone). num_warps: one per 1024 elements of the
+    takes the same path; other dtypes and sizes multiply and sum (see :func:`_mm` for why that sum is written
+    so that Triton cannot turn it into a TF32 tensor-core dot). num_warps: one per 1024 elements of the
     largest broadcast product (KP * KP * max(KP, VP)), 1 to 16; with tl.dot at least 4, and 8 for k > 16
     (fewer spill registers on sm_90).
     """
