@@ -8,6 +8,7 @@ torch releases before 2.13 refuse interpreted kernels inside ``wrap_triton``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ from torch.library import wrap_triton
 from mingru.dispatch import ScanFallback, interpret_requested
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DEFAULT_SMS = 132
+"""The SM count the shape heuristics assume off CUDA (interpreter, fake CUDA tensors): an H200."""
 
 
 def _direct(args: Sequence[Any]) -> bool:
@@ -56,3 +59,20 @@ def ensure(condition: bool, message: str) -> None:
 def on_kernel_device(x: Tensor) -> bool:
     """Whether a kernel can take ``x``: a CUDA tensor, or a CPU tensor under ``TRITON_INTERPRET=1``."""
     return x.device.type == "cuda" or (x.device.type == "cpu" and interpret_requested())
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (cached per device), or :data:`DEFAULT_SMS` off CUDA."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return DEFAULT_SMS
+
+
+def grad_or_zeros(grad: Tensor | None, like: Tensor) -> Tensor:
+    """An incoming output gradient, or zeros shaped like ``like`` for an output the loss did not use."""
+    return torch.zeros_like(like) if grad is None else grad

@@ -18,7 +18,6 @@ replays every chunk from its carry-in, recomputing from the inputs and writing t
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +29,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
-from mingru_triton._launch import launch, on_kernel_device
+from mingru_triton._launch import launch, num_sms, on_kernel_device
 
 __all__ = [
     "affine_envelope",
@@ -370,18 +369,6 @@ def force_strategy(name: str, chunk: int | None = None) -> Iterator[None]:
         _forced = previous
 
 
-@functools.cache
-def _cuda_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device``; 132 (an H200) off CUDA."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return 132
-
-
 def _strategy(rows: int, steps: int, sms: int = 132) -> tuple[str, int]:
     """(strategy, chunk length) for ``rows`` = B * n independent scans of ``steps`` steps.
 
@@ -438,7 +425,7 @@ def _forward(A: Tensor, Bm: Tensor, H0: Tensor | None, Abar: Tensor | None, H: T
     if rows * steps == 0:
         return
     cfg = _config(k, v, A.dtype)
-    name, chunk = _strategy(rows, steps, _num_sms(A.device))
+    name, chunk = _strategy(rows, steps, num_sms(A.device))
     abar, has_h0 = int(Abar is not None), int(H0 is not None)
     h0 = H if H0 is None else H0
     out_a = H if Abar is None else Abar
@@ -482,7 +469,7 @@ def _backward(
     if rows * steps == 0 or (gA is None and gB is None):
         return
     cfg = _config(k, v, A.dtype)
-    name, chunk = _strategy(rows, steps, _num_sms(A.device))
+    name, chunk = _strategy(rows, steps, num_sms(A.device))
     has = {"HAS_GA": int(gA is not None), "HAS_GB": int(gB is not None)}
     ptrs = tuple(dA if x is None else x for x in (Abar, X, H0, gA, gB))
     outs = (dA, dB, dA if dH0 is None else dH0)

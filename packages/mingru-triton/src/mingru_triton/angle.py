@@ -19,7 +19,6 @@ Envelope (:func:`angle_envelope`): k even with 2 <= k <= 128, 0 <= R <= 16.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -30,7 +29,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru.scans.angle import check_angle_inputs
-from mingru_triton._launch import is_fp64, launch, on_kernel_device
+from mingru_triton._launch import is_fp64, launch, num_sms, on_kernel_device
 
 __all__ = ["angle_envelope", "angle_scan_bwd", "angle_scan_fwd", "force_strategy"]
 
@@ -68,13 +67,6 @@ def force_strategy(name: str) -> Iterator[None]:
         _FORCED.pop()
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
-
-
 def _block_heads(batch: int, heads: int, k: int, sms: int) -> int:
     """Heads per program of the vector path: a tile of up to 256 state entries, shrunk (down to one head)
     until there are at least four programs per SM."""
@@ -92,7 +84,7 @@ def _warps(tile: int) -> int:
 def _strategy(batch: int, steps: int, heads: int, k: int, device: torch.device) -> tuple[str, int]:
     """(strategy, chunk length). Chunked when k <= 32, (batch, head) rows fill under two programs per SM
     and T is long enough for at least four chunks of >= 64 steps; chunks give ~4 programs per SM."""
-    sms = _sm_count(device)
+    sms = num_sms(device)
     rows = batch * heads
     chunk = max(64, triton.next_power_of_2(triton.cdiv(steps * rows, 4 * sms)))
     forced = _FORCED[-1] if _FORCED else None
@@ -444,7 +436,7 @@ def angle_scan_fwd(
         block_h = 1
     else:
         chunks, chunk, carries = 1, max(steps, 1), h0
-        block_h = _block_heads(batch, heads, k, _sm_count(b.device))
+        block_h = _block_heads(batch, heads, k, num_sms(b.device))
     n_hblocks = triton.cdiv(heads, block_h)
     launch(_fwd_kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, b, carries, perm, sgn, p2p, out,
            steps, heads, n_hblocks, chunks, chunk, **meta, BLOCK_H=block_h, **flags,
@@ -508,7 +500,7 @@ def angle_scan_bwd(
         block_h, carry_in = 1, 1
     else:
         chunks, chunk, carries, carry_in = 1, max(steps, 1), h0, 0
-        block_h = _block_heads(batch, heads, k, _sm_count(b.device))
+        block_h = _block_heads(batch, heads, k, num_sms(b.device))
     n_hblocks = triton.cdiv(heads, block_h)
     launch(_bwd_kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p,
            carries, dtheta, dscale, dgamma, db, dh0, steps, heads, n_hblocks, chunks, chunk, **meta,

@@ -9,11 +9,11 @@ heuristics are those of :func:`mingru_triton.linear.scan_plan`; one program hold
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
+from mingru_triton._launch import grad_or_zeros
 from mingru_triton.linear import MAX_V, check_kernel_device, scan_backward, scan_forward
 
 __all__ = [
@@ -139,17 +139,13 @@ def diag_recurrence_bwd(a: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tup
     return da.view(a.shape), dB.view(H.shape), dH0.view(H0.shape)
 
 
-def _zeros_if_none(grad: Tensor | None, like: Tensor) -> Tensor:
-    return torch.zeros_like(like) if grad is None else grad
-
-
 def _setup_scan(ctx, inputs, output) -> None:
     ctx.save_for_backward(inputs[0], *output)
 
 
 def _backward_scan(ctx, gabar, gBbar):
     a, abar, Bbar = ctx.saved_tensors
-    return diag_scan_bwd(a, abar, Bbar, _zeros_if_none(gabar, abar), _zeros_if_none(gBbar, Bbar))
+    return diag_scan_bwd(a, abar, Bbar, grad_or_zeros(gabar, abar), grad_or_zeros(gBbar, Bbar))
 
 
 def _setup_recurrence(ctx, inputs, output) -> None:
@@ -158,7 +154,7 @@ def _setup_recurrence(ctx, inputs, output) -> None:
 
 def _backward_recurrence(ctx, grad_H):
     a, H0, H = ctx.saved_tensors
-    return diag_recurrence_bwd(a, H0, H, _zeros_if_none(grad_H, H))
+    return diag_recurrence_bwd(a, H0, H, grad_or_zeros(grad_H, H))
 
 
 diag_scan_fwd.register_autograd(_backward_scan, setup_context=_setup_scan)

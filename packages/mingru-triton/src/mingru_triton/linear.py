@@ -21,7 +21,6 @@ and forms da from the stored states of the forward: no division by ``a``, so ``a
 """
 
 import contextlib
-import functools
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -32,7 +31,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
-from mingru_triton._launch import is_fp64, launch, on_kernel_device
+from mingru_triton._launch import grad_or_zeros, is_fp64, launch, num_sms, on_kernel_device
 
 __all__ = [
     "force_strategy",
@@ -236,18 +235,6 @@ class ScanPlan(NamedTuple):
     num_jblocks: int
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (132, an H200, for CPU tensors under the interpreter)."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return 132
-
-
 @contextlib.contextmanager
 def force_strategy(name: str, chunk: int | None = None, block_t: int | None = None) -> Iterator[None]:
     """Within the block, every k = 1 / diagonal scan uses strategy ``name`` ("sequential" or "chunked").
@@ -350,7 +337,7 @@ def _run(
 
 def _plan_for(coef: Tensor, v: int) -> ScanPlan:
     rows, length, dj = coef.shape
-    return scan_plan(rows, length, dj, v, coef.element_size(), sm_count(coef.device))
+    return scan_plan(rows, length, dj, v, coef.element_size(), num_sms(coef.device))
 
 
 def _acc_dtype(x: Tensor) -> torch.dtype:
@@ -542,17 +529,13 @@ def linear_recurrence_bwd(a: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> t
     return da, db, dh0
 
 
-def _zeros_if_none(grad: Tensor | None, like: Tensor) -> Tensor:
-    return torch.zeros_like(like) if grad is None else grad
-
-
 def _setup_scan(ctx, inputs, output) -> None:
     ctx.save_for_backward(inputs[0], *output)
 
 
 def _backward_scan(ctx, gA, gBc):
     a, A, Bc = ctx.saved_tensors
-    return linear_scan_bwd(a, A, Bc, _zeros_if_none(gA, A), _zeros_if_none(gBc, Bc))
+    return linear_scan_bwd(a, A, Bc, grad_or_zeros(gA, A), grad_or_zeros(gBc, Bc))
 
 
 def _setup_recurrence(ctx, inputs, output) -> None:
@@ -561,7 +544,7 @@ def _setup_recurrence(ctx, inputs, output) -> None:
 
 def _backward_recurrence(ctx, grad_h):
     a, h0, h = ctx.saved_tensors
-    return linear_recurrence_bwd(a, h0, h, _zeros_if_none(grad_h, h))
+    return linear_recurrence_bwd(a, h0, h, grad_or_zeros(grad_h, h))
 
 
 linear_scan_fwd.register_autograd(_backward_scan, setup_context=_setup_scan)

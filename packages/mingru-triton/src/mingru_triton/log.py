@@ -20,7 +20,6 @@ per-chunk summaries, a second replays each chunk from the carry it composes from
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
 from mingru.scans.log import check_log_inputs
-from mingru_triton._launch import is_fp64, launch, on_kernel_device
+from mingru_triton._launch import DEFAULT_SMS, grad_or_zeros, is_fp64, launch, num_sms, on_kernel_device
 
 __all__ = [
     "force_strategy",
@@ -47,7 +46,6 @@ __all__ = [
 STRATEGIES = ("sequential", "chunked")
 _MAX_GRID = 2**31 - 1
 _MAX_STEPS = 2**31 - 1
-_CPU_SMS = 132
 _MAX_CHUNKS = 256
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -326,24 +324,16 @@ def force_strategy(name: str) -> Iterator[None]:
         _forced.pop()
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
 def _device_plan(x: Tensor) -> _Plan:
     """:func:`_plan` for ``x`` (B, T, D) on its device: the SM count of a CUDA device, else 132 SMs (an H200)
     and 16-row tiles."""
     batch, steps, width = x.shape
     if x.device.type != "cuda":
-        return _plan(batch, steps, width, _CPU_SMS, max_block_t=16)
-    if not torch.cuda.is_available():  # fake CUDA tensors traced on a machine without one
-        return _plan(batch, steps, width, _CPU_SMS)
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return _plan(batch, steps, width, _sm_count(index))
+        return _plan(batch, steps, width, DEFAULT_SMS, max_block_t=16)
+    return _plan(batch, steps, width, num_sms(x.device))
 
 
-def _plan(batch: int, steps: int, width: int, sms: int = _CPU_SMS, max_block_t: int = 256) -> _Plan:
+def _plan(batch: int, steps: int, width: int, sms: int = DEFAULT_SMS, max_block_t: int = 256) -> _Plan:
     """Pick the strategy and tile sizes from the shapes.
 
     Tiles: block_d = min(64, next_pow2(D)) channels (contiguous, coalesced), block_t = 4096 / block_d rows
@@ -373,7 +363,7 @@ def _plan(batch: int, steps: int, width: int, sms: int = _CPU_SMS, max_block_t: 
     return _Plan(strategy, block_t, block_d, num_warps, chunk, n_chunks)
 
 
-def _strategy(batch: int, steps: int, width: int, sms: int = _CPU_SMS) -> str:
+def _strategy(batch: int, steps: int, width: int, sms: int = DEFAULT_SMS) -> str:
     """ "sequential" or "chunked": the strategy :func:`_plan` picks for (B, T, D)."""
     return _plan(batch, steps, width, sms).strategy
 
@@ -489,10 +479,6 @@ def _scan_bwd(
         launch(_log_bwd_kernel, grid, *args, MODE=0, **meta)
 
 
-def _grad_or_zeros(grad: Tensor | None, like: Tensor) -> Tensor:
-    return torch.zeros_like(like) if grad is None else grad
-
-
 def _check_like(name: str, value: object, like: Tensor, layout: str) -> Tensor:
     value = check_float_tensor(name, value, like.dim(), layout)
     check_shape(name, value, tuple(like.shape), layout)
@@ -564,7 +550,7 @@ def _log_setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) 
 
 def _log_backward(ctx: Any, grad_h: Tensor | None) -> tuple[Tensor, Tensor]:
     log_coeffs, log_values, h = ctx.saved_tensors
-    return parallel_scan_log_bwd(log_coeffs, log_values, h, _grad_or_zeros(grad_h, h))
+    return parallel_scan_log_bwd(log_coeffs, log_values, h, grad_or_zeros(grad_h, h))
 
 
 parallel_scan_log_fwd.register_autograd(_log_backward, setup_context=_log_setup_context)
@@ -640,7 +626,7 @@ def _recurrence_setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor], o
 
 def _recurrence_backward(ctx: Any, grad_h: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     log_coeffs, log_b, h0, h = ctx.saved_tensors
-    return log_recurrence_bwd(log_coeffs, log_b, h0, h, _grad_or_zeros(grad_h, h))
+    return log_recurrence_bwd(log_coeffs, log_b, h0, h, grad_or_zeros(grad_h, h))
 
 
 log_recurrence_fwd.register_autograd(_recurrence_backward, setup_context=_recurrence_setup_context)
