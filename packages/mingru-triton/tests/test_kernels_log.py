@@ -197,10 +197,8 @@ class TestInterpreter:
         grad = torch.randn_like(h)
         d_lc, d_lb, d_h0 = torch.empty_like(h), torch.empty_like(h), torch.zeros_like(h0)
         with force_strategy(strategy):
-            log_kernels._scan_fwd(log_coeffs, log_b, h0, h, b_shift=0, h0_log=False, lean=True, reverse=True)
-            log_kernels._scan_bwd(
-                log_coeffs, log_b, h0, h, grad, d_lc, d_lb, d_h0, b_shift=0, h0_log=False, reverse=True
-            )
+            log_kernels._scan_fwd(log_coeffs, log_b, h0, h, b_shift=0, lean=True, reverse=True)
+            log_kernels._scan_bwd(log_coeffs, log_b, h0, h, grad, d_lc, d_lb, d_h0, b_shift=0, reverse=True)
         inputs = [
             x.flip(1).requires_grad_() if x.dim() == 3 else x.requires_grad_() for x in (log_coeffs, log_b)
         ]
@@ -252,7 +250,9 @@ def test_plan_tiles_and_chunks() -> None:
     assert (plan.block_d, plan.block_t, plan.num_warps) == (64, 64, 8)
     assert plan.n_chunks * plan.chunk >= 2**20 > (plan.n_chunks - 1) * plan.chunk
     assert plan.chunk % plan.block_t == 0 and 2 <= plan.n_chunks <= 256
-    assert log_kernels._plan(3, 5, 7) == log_kernels._Plan("sequential", 8, 8, 4, 5, 1)
+    assert log_kernels._plan(3, 5, 7) == log_kernels._Plan("sequential", 256, 8, 4, 5, 1)
+    # The tile never follows T: a compiled graph with a dynamic T keeps one kernel configuration.
+    assert {log_kernels._plan(3, t, 7).block_t for t in (1, 5, 100, 1000)} == {256}
     with force_strategy("chunked"):
         assert log_kernels._plan(1, 300, 3, max_block_t=16).n_chunks == 4
     with pytest.raises(ValueError, match="must be one of"), force_strategy("fast"):

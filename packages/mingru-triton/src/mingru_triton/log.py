@@ -143,7 +143,8 @@ def _log_fwd_kernel(
         lh = _full(BLOCK_D, float("-inf"), FP64)
         ln = lh
     else:
-        h0 = _to_acc(tl.load(h0_ptr + row * stride_h0_row + d, mask=dmask, other=0.0), FP64)
+        h0_src = b_ptr + row * stride_b_row + d if H0_LOG else h0_ptr + row * stride_h0_row + d
+        h0 = _to_acc(tl.load(h0_src, mask=dmask, other=0.0), FP64)
         if H0_LOG:
             lh = h0
             ln = _full(BLOCK_D, float("-inf"), FP64)
@@ -233,9 +234,14 @@ def _log_bwd_kernel(
     b_row = row * stride_b_row + b_shift
     summary = (row * n_chunks) * D + d
     first_off = (end - 1).to(tl.int64) * D if REVERSE else start * D
-    h0_offs = row * stride_h0_row + d
+    if H0_LOG:
+        h0_src = b_ptr + row * stride_b_row + d
+        dh0_dst = db_ptr + row * stride_b_row + d
+    else:
+        h0_src = h0_ptr + row * stride_h0_row + d
+        dh0_dst = dh0_ptr + row * stride_h0_row + d
     if MODE != 1:
-        h0 = _to_acc(tl.load(h0_ptr + h0_offs, mask=dmask, other=0.0), FP64)
+        h0 = _to_acc(tl.load(h0_src, mask=dmask, other=0.0), FP64)
         if H0_LOG:
             h0 = tl.exp(h0)
 
@@ -291,7 +297,7 @@ def _log_bwd_kernel(
         if H0_LOG:
             dh0 = dh0 * h0
         owns_first = (d * 0 + c) == n_chunks - 1
-        tl.store(dh0_ptr + h0_offs, dh0.to(dh0_ptr.dtype.element_ty), mask=dmask & owns_first)
+        tl.store(dh0_dst, dh0.to(db_ptr.dtype.element_ty), mask=dmask & owns_first)
 
 
 # -------------------------------------------------------------------------------------------- heuristics
@@ -337,14 +343,14 @@ def _plan(batch: int, steps: int, width: int, sms: int = DEFAULT_SMS, max_block_
     """Pick the strategy and tile sizes from the shapes.
 
     Tiles: block_d = min(64, next_pow2(D)) channels (contiguous, coalesced), block_t = 4096 / block_d rows
-    clamped to [16, max_block_t] and to next_pow2(T); num_warps 8 for tiles of 4096 elements, else 4.
+    clamped to [16, max_block_t], whatever T is (a tile that follows T would make torch.compile guard on
+    each power of two of T); num_warps 8 for tiles of 4096 elements, else 4.
     ``max_block_t`` is 256 on CUDA and 16 for CPU tensors (the interpreter scans element by element).
     Sequential when the (row, channel block) programs give >= 2 per SM or T spans <= 4 tiles; otherwise
     chunked, with enough chunks (each >= 2 tiles, at most 256) to give about 4 programs per SM.
     """
     block_d = min(64, triton.next_power_of_2(max(width, 1)))
     block_t = min(max(16, 4096 // block_d), max_block_t)
-    block_t = min(block_t, triton.next_power_of_2(max(steps, 1)))
     num_warps = 8 if block_t * block_d >= 4096 else 4
     programs = batch * triton.cdiv(width, block_d)
     forced = _forced[-1] if _forced else None
@@ -415,10 +421,14 @@ def _work(x: Tensor, plan: _Plan) -> Tensor:
 
 
 def _scan_fwd(
-    lc: Tensor, b: Tensor, h0: Tensor, h: Tensor, *, b_shift: int, h0_log: bool, lean: bool, reverse: bool
+    lc: Tensor, b: Tensor, h0: Tensor | None, h: Tensor, *, b_shift: int, lean: bool, reverse: bool
 ) -> None:
-    """Write the forward scan into ``h``; ``b`` starts ``b_shift`` elements into its row (slot 1 of the
-    (T+1) values layout), ``h0`` rows are log h0 (``h0_log``) or linear h0 of any sign."""
+    """Write the forward scan into ``h``; ``b`` starts ``b_shift`` elements into its row. ``h0`` (B, D) is a
+    linear initial state of any sign; None means log h0 is slot 0 of each ``b`` row (the (T+1) values
+    layout, ``b_shift`` = D). Reading h0 through ``b`` keeps each tensor one kernel argument, which the
+    functionalization of ``wrap_triton`` needs (a tensor passed twice is cloned twice)."""
+    h0_log = h0 is None
+    h0 = b if h0 is None else h0
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
     grid = (batch * triton.cdiv(width, plan.block_d) * plan.n_chunks,)
@@ -444,23 +454,26 @@ def _scan_fwd(
 def _scan_bwd(
     lc: Tensor,
     b: Tensor,
-    h0: Tensor,
+    h0: Tensor | None,
     h: Tensor,
     grad_h: Tensor,
     d_lc: Tensor,
     d_b: Tensor,
-    d_h0: Tensor,
+    d_h0: Tensor | None,
     *,
     b_shift: int,
-    h0_log: bool,
     reverse: bool,
 ) -> None:
     """Write the adjoint of :func:`_scan_fwd` into ``d_lc``, ``d_b``, ``d_h0``; each must have the strides of
-    ``lc``, ``b`` and ``h0`` (contiguous rows; ``b`` and ``d_b`` share their batch stride)."""
+    ``lc``, ``b`` and ``h0`` (contiguous rows; ``b`` and ``d_b`` share their batch stride). With ``h0`` None
+    (log h0 in slot 0 of ``b``), ``d_h0`` is None and d log h0 goes to slot 0 of ``d_b``."""
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
     grid = (batch * triton.cdiv(width, plan.block_d) * plan.n_chunks,)
     prods, ends = _work(lc, plan), _work(lc, plan)
+    h0_log = h0 is None
+    h0 = b if h0 is None else h0
+    d_h0 = prods if d_h0 is None else d_h0  # never written when h0_log
     args: tuple[Any, ...] = (lc, b, h0, h, grad_h, d_lc, d_b, d_h0, prods, ends, steps, width)
     args = (*args, b.stride(0), b_shift, h0.stride(0), plan.n_chunks, plan.chunk)
     args = (*args, triton.cdiv(plan.chunk, plan.block_t))
@@ -501,9 +514,7 @@ def parallel_scan_log_fwd(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
     log_coeffs, log_values = log_coeffs.contiguous(), log_values.contiguous()
     h = torch.empty_like(log_coeffs)
     if h.numel() > 0:
-        _scan_fwd(
-            log_coeffs, log_values, log_values, h, b_shift=h.shape[2], h0_log=True, lean=False, reverse=False
-        )
+        _scan_fwd(log_coeffs, log_values, None, h, b_shift=h.shape[2], lean=False, reverse=False)
     return h
 
 
@@ -525,21 +536,21 @@ def parallel_scan_log_bwd(
     log_coeffs, log_values = log_coeffs.contiguous(), log_values.contiguous()
     h, grad_h = h.contiguous(), grad_h.contiguous()
     d_log_coeffs = torch.empty_like(log_coeffs)
-    d_log_values = torch.zeros_like(log_values)
-    if log_coeffs.numel() > 0:
-        _scan_bwd(
-            log_coeffs,
-            log_values,
-            log_values,
-            h,
-            grad_h,
-            d_log_coeffs,
-            d_log_values,
-            d_log_values,
-            b_shift=log_coeffs.shape[2],
-            h0_log=True,
-            reverse=False,
-        )
+    if log_coeffs.numel() == 0:
+        return d_log_coeffs, torch.zeros_like(log_values)
+    d_log_values = torch.empty_like(log_values)  # every slot is written: 1..T per step, 0 as d log h0
+    _scan_bwd(
+        log_coeffs,
+        log_values,
+        None,
+        h,
+        grad_h,
+        d_log_coeffs,
+        d_log_values,
+        None,
+        b_shift=log_coeffs.shape[2],
+        reverse=False,
+    )
     return d_log_coeffs, d_log_values
 
 
@@ -579,7 +590,7 @@ def log_recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
     log_coeffs, log_b, h0 = log_coeffs.contiguous(), log_b.contiguous(), h0.contiguous()
     h = torch.empty_like(log_coeffs)
     if h.numel() > 0:
-        _scan_fwd(log_coeffs, log_b, h0, h, b_shift=0, h0_log=False, lean=True, reverse=False)
+        _scan_fwd(log_coeffs, log_b, h0, h, b_shift=0, lean=True, reverse=False)
     return h
 
 
@@ -613,7 +624,6 @@ def log_recurrence_bwd(
             d_log_b,
             d_h0,
             b_shift=0,
-            h0_log=False,
             reverse=False,
         )
     return d_log_coeffs, d_log_b, d_h0
