@@ -1,13 +1,10 @@
 """Every layer on the eager references (MINGRU_SCAN=eager) compiles once for a changing sequence length.
 
 With ``dynamic=True`` (or ``mark_dynamic`` on T) the compiled forward and backward equal eager ones at every
-length, in one graph, with no break and no recompilation, as long as the lengths share the number of
-doubling steps of the references' scan. The eager scans are Hillis-Steele doublings
-(``mingru.scans._scan.scan_maps``): their graph unrolls ceil(log2 T) steps, so Dynamo guards T into a
-power-of-two bucket (e.g. 9 <= T <= 16) and a length of another bucket compiles one more graph. The tests
-use T in (10, 12, 14). Lengths one past a power of two (T = 2^j + 1, or T = 2^j for the log scan, which
-scans T + 1 slots) are avoided too: the last doubling step then works on a slice of length 1 and the
-broadcast rule specializes T to a constant.
+length, in one graph, with no break and no recompilation. The references' doubling scans run inside the
+custom ops ``mingru_ref::*`` (one graph node whatever T is); traced inline, their ceil(log2 T) steps would
+make Dynamo guard T into a power-of-two range and compile a graph per range. The lengths therefore span
+several such ranges, including T = 2^j and 2^j + 1 (whose last doubling step works on one slot).
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from torch import Tensor, nn
 from mingru_compile import compile_and_report
 
 pytestmark = pytest.mark.compile
-LENGTHS = (10, 12, 14)
+LENGTHS = (5, 9, 16, 17, 40)
 
 
 @pytest.fixture(autouse=True)
@@ -104,13 +101,14 @@ def test_automatic_dynamic_recompiles_once_then_holds() -> None:
     assert any("size mismatch at index 1" in reason for reason in report.recompile_reasons), report.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the eager scans unroll ceil(log2 T) doubling steps, so each power-of-two bucket of T compiles "
-    "its own graph (mingru.scans._scan.scan_maps); a loop-free reference would lift this",
-)
-def test_lengths_across_doubling_buckets_compile_once() -> None:
-    layer = make_layer("MinGRU-linear")
-    calls = [((layer_input(length=t),), {}) for t in (12,)]
-    report = compile_and_report(layer, layer_input(length=6), backend="eager", dynamic=True, calls=calls)
-    assert report.recompiles == 0, report.summary()
+@pytest.mark.parametrize("name", ["MinGRU-linear", "MinGRU-log", "MinGRUMatrix", "MinGRUDiag"])
+def test_reference_scans_are_single_graph_nodes(name: str) -> None:
+    """The eager scans enter the graphs as ``mingru_ref`` custom ops, forward and backward; no kernel op."""
+    layer = make_layer(name)
+    x = layer_input(length=LENGTHS[0])
+    report = compile_and_report(layer, x, backend="aot_eager", dynamic=True, backward=True)
+    family = {"MinGRU-linear": "linear", "MinGRU-log": "parallel_scan_log", "MinGRUMatrix": "affine"}
+    op = family.get(name, "diag") + ("" if name == "MinGRU-log" else "_scan")
+    assert report.custom_ops("mingru_ref") == {f"mingru_ref::{op}_fwd"}, report.targets()
+    assert report.custom_ops("mingru_ref", "backward") == {f"mingru_ref::{op}_bwd"}
+    assert not report.custom_ops("mingru"), report.targets()

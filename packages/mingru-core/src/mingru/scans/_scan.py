@@ -86,28 +86,58 @@ def log_mul_add(outer: Tensor, inner_val: Tensor, outer_val: Tensor) -> Tensor:
     return torch.logaddexp(outer + inner_val, outer_val)
 
 
-def pair_scan_function(
-    name: str, forward: PairForward, backward: PairBackward
-) -> type[torch.autograd.Function]:
-    """An autograd Function for a scan (x, y) -> (X, Y) whose adjoint reads (x, X, Y, gX, gY) -> (dx, dy).
+def fresh(out: Tensor, *inputs: Tensor | None) -> Tensor:
+    """``out`` as a contiguous tensor sharing no memory with ``inputs``: a custom op may not return an alias
+    of an input (the T = 1 scan returns its input unchanged), and its fake returns contiguous outputs."""
+    out = out.contiguous()
+    storage = out.untyped_storage().data_ptr()
+    if any(x is not None and x.untyped_storage().data_ptr() == storage for x in inputs):
+        out = out.clone()
+    return out
 
-    It saves only x and the two outputs; an output whose grad is not needed reaches ``backward`` as None.
+
+def _like(x: Tensor) -> Tensor:
+    return x.new_empty(x.shape)
+
+
+def pair_scan_op(family: str, forward: PairForward, backward: PairBackward) -> Callable[..., Any]:
+    """The differentiable reference of a pair scan (x, y) -> (X, Y) with X like x and Y like y, whose adjoint
+    reads (x, X, Y, gX, gY) -> (dx like x, dy like Y); a grad that autograd leaves out arrives as None.
+
+    ``forward`` and ``backward`` become the custom ops ``mingru_ref::{family}_scan_fwd`` and ``_bwd``, the
+    first with autograd wired to the second. torch.compile sees each as one node whatever T is, so one graph
+    serves every length (traced inline, the ceil(log2 T) doubling steps would give a graph per power-of-two
+    range of T). The backward stores only x, X and Y.
     """
 
-    class PairScan(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, first: Tensor, second: Tensor) -> tuple[Tensor, Tensor]:
-            out_first, out_second = forward(first, second)
-            ctx.save_for_backward(first, out_first, out_second)
-            ctx.set_materialize_grads(False)
-            return out_first, out_second
+    def fwd_impl(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        X, Y = forward(x, y)
+        return fresh(X, x, y), fresh(Y, x, y)
 
-        @staticmethod
-        def backward(
-            ctx: Any, grad_first: Tensor | None, grad_second: Tensor | None
-        ) -> tuple[Tensor, Tensor]:
-            first, out_first, out_second = ctx.saved_tensors
-            return backward(first, out_first, out_second, grad_first, grad_second)
+    def bwd_impl(
+        x: Tensor, X: Tensor, Y: Tensor, gX: Tensor | None, gY: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        dx, dy = backward(x, X, Y, gX, gY)
+        return fresh(dx, x, X, Y, gX, gY), fresh(dy, x, X, Y, gX, gY)
 
-    PairScan.__name__ = PairScan.__qualname__ = name
-    return PairScan
+    fwd_op = torch.library.custom_op(
+        f"mingru_ref::{family}_scan_fwd", mutates_args=(), schema="(Tensor x, Tensor y) -> (Tensor, Tensor)"
+    )(fwd_impl)
+    bwd_op = torch.library.custom_op(
+        f"mingru_ref::{family}_scan_bwd",
+        mutates_args=(),
+        schema="(Tensor x, Tensor X, Tensor Y, Tensor? gX, Tensor? gY) -> (Tensor, Tensor)",
+    )(bwd_impl)
+    fwd_op.register_fake(lambda x, y: (_like(x), _like(y)))
+    bwd_op.register_fake(lambda x, X, Y, gX, gY: (_like(x), _like(Y)))
+
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
+        ctx.save_for_backward(inputs[0], *output)
+        ctx.set_materialize_grads(False)
+
+    def grads(ctx: Any, gX: Tensor | None, gY: Tensor | None) -> tuple[Tensor, Tensor]:
+        x, X, Y = ctx.saved_tensors
+        return bwd_op(x, X, Y, gX, gY)
+
+    fwd_op.register_autograd(grads, setup_context=setup_context)
+    return fwd_op

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
-from mingru.scans._scan import matmul_add, pair_scan_function, scan_maps, shift_in, shift_out
+from mingru.scans._scan import matmul_add, pair_scan_op, scan_maps, shift_in, shift_out
 
 
 def check_affine_inputs(A: object, Bm: object) -> None:
@@ -58,12 +58,12 @@ def affine_scan_bwd_ref(
     return dA.to(A.dtype), dB.to(A.dtype)
 
 
-_AffineScanRef = pair_scan_function("AffineScanRef", affine_scan_fwd_ref, affine_scan_bwd_ref)
+_affine_scan_op = pair_scan_op("affine", affine_scan_fwd_ref, affine_scan_bwd_ref)
 
 
 def _affine_scan(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     """affine_scan_ref without the input checks (the caller has run them)."""
-    return _AffineScanRef.apply(A, Bm)
+    return _affine_scan_op(A, Bm)
 
 
 def affine_scan_ref(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:

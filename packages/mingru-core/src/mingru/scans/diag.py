@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
-from mingru.scans._scan import mul, mul_add, pair_scan_function, row_mul_add, scan_maps, shift_in, shift_out
+from mingru.scans._scan import mul, mul_add, pair_scan_op, row_mul_add, scan_maps, shift_in, shift_out
 
 
 def check_diag_inputs(a: object, Bm: object) -> None:
@@ -53,12 +53,12 @@ def diag_scan_bwd_ref(
     return da.to(a.dtype), dB.to(a.dtype)
 
 
-_DiagScanRef = pair_scan_function("DiagScanRef", diag_scan_fwd_ref, diag_scan_bwd_ref)
+_diag_scan_op = pair_scan_op("diag", diag_scan_fwd_ref, diag_scan_bwd_ref)
 
 
 def _diag_scan(a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     """diag_scan_ref without the input checks (the caller has run them)."""
-    return _DiagScanRef.apply(a, Bm)
+    return _diag_scan_op(a, Bm)
 
 
 def diag_scan_ref(a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:

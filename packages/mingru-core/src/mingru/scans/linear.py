@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
-from mingru.scans._scan import mul, mul_add, pair_scan_function, scan_maps, shift_in, shift_out
+from mingru.scans._scan import mul, mul_add, pair_scan_op, scan_maps, shift_in, shift_out
 
 
 def check_linear_inputs(a: object, b: object) -> None:
@@ -54,12 +54,12 @@ def linear_scan_bwd_ref(
     return da.to(a.dtype), db.to(a.dtype)
 
 
-_LinearScanRef = pair_scan_function("LinearScanRef", linear_scan_fwd_ref, linear_scan_bwd_ref)
+_linear_scan_op = pair_scan_op("linear", linear_scan_fwd_ref, linear_scan_bwd_ref)
 
 
 def _linear_scan(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """linear_scan_ref without the input checks (the caller has run them)."""
-    return _LinearScanRef.apply(a, b)
+    return _linear_scan_op(a, b)
 
 
 def linear_scan_ref(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,11 +7,13 @@ a_t = 0) give no NaN, forward or backward.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from mingru._checks import cast, check_float_tensor, check_same_device_dtype, check_shape, compute_dtype
-from mingru.scans._scan import add, log_mul_add, mul, mul_add, scan_maps, shift_out
+from mingru.scans._scan import add, fresh, log_mul_add, mul, mul_add, scan_maps, shift_out
 
 
 def check_log_inputs(log_coeffs: object, log_values: object) -> None:
@@ -56,22 +58,47 @@ def parallel_scan_log_bwd_ref(
     return d_log_coeffs.to(log_coeffs.dtype), d_log_values.to(log_values.dtype)
 
 
-class _LogScanRef(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, log_coeffs: Tensor, log_values: Tensor) -> Tensor:
-        h = parallel_scan_log_fwd_ref(log_coeffs, log_values)
-        ctx.save_for_backward(log_coeffs, log_values, h)
-        return h
+@torch.library.custom_op("mingru_ref::parallel_scan_log_fwd", mutates_args=())
+def _log_scan_op(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
+    """parallel_scan_log_fwd_ref as a custom op: one opaque node under torch.compile whatever T is."""
+    return fresh(parallel_scan_log_fwd_ref(log_coeffs, log_values), log_coeffs, log_values)
 
-    @staticmethod
-    def backward(ctx, grad_h: Tensor) -> tuple[Tensor, Tensor]:
-        log_coeffs, log_values, h = ctx.saved_tensors
-        return parallel_scan_log_bwd_ref(log_coeffs, log_values, h, grad_h)
+
+@torch.library.custom_op("mingru_ref::parallel_scan_log_bwd", mutates_args=())
+def _log_scan_bwd_op(
+    log_coeffs: Tensor, log_values: Tensor, h: Tensor, grad_h: Tensor
+) -> tuple[Tensor, Tensor]:
+    """parallel_scan_log_bwd_ref as a custom op."""
+    inputs = (log_coeffs, log_values, h, grad_h)
+    d_log_coeffs, d_log_values = parallel_scan_log_bwd_ref(*inputs)
+    return fresh(d_log_coeffs, *inputs), fresh(d_log_values, *inputs)
+
+
+@_log_scan_op.register_fake
+def _(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
+    return log_coeffs.new_empty(log_coeffs.shape)
+
+
+@_log_scan_bwd_op.register_fake
+def _(log_coeffs: Tensor, log_values: Tensor, h: Tensor, grad_h: Tensor) -> tuple[Tensor, Tensor]:
+    return log_coeffs.new_empty(log_coeffs.shape), log_values.new_empty(log_values.shape)
+
+
+def _log_setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+    ctx.save_for_backward(*inputs, output)
+
+
+def _log_backward(ctx: Any, grad_h: Tensor) -> tuple[Tensor, Tensor]:
+    log_coeffs, log_values, h = ctx.saved_tensors
+    return _log_scan_bwd_op(log_coeffs, log_values, h, grad_h)
+
+
+_log_scan_op.register_autograd(_log_backward, setup_context=_log_setup_context)
 
 
 def _parallel_scan_log(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
     """parallel_scan_log_ref without the input checks (the caller has run them)."""
-    return _LogScanRef.apply(log_coeffs, log_values)
+    return _log_scan_op(log_coeffs, log_values)
 
 
 def parallel_scan_log_ref(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
