@@ -19,6 +19,7 @@ from kernel_cases import HALF_TYPES, assert_close, marked, on_cuda, on_interpret
 from torch import Tensor
 
 from mingru.scans.affine import affine_scan_bwd_ref, affine_scan_ref
+from mingru_triton import affine
 from mingru_triton.affine import (
     _strategy,
     affine_envelope,
@@ -164,6 +165,18 @@ def test_scan_with_an_unused_output(used, strategy) -> None:
         _check_scan((2, 10, 2, 3, 2), torch.float32, torch.device("cpu"), used)
 
 
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@interpreted
+def test_half_inputs_on_the_dot_path(dtype, strategy) -> None:
+    """bfloat16 / float16 inputs with k, v >= 16 multiply their float32 accumulators with tl.dot."""
+    assert affine._config(16, 16, dtype)["DOT_KK"] == 1
+    assert affine._config(16, 16, torch.float64)["DOT_KK"] == affine._config(16, 8, dtype)["DOT_KK"] == 0
+    with force_strategy(strategy, 2):
+        _check_scan((1, 5, 1, 16, 16), dtype, torch.device("cpu"))
+        _check_recurrence((1, 5, 1, 16, 16), dtype, torch.device("cpu"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, *HALF_TYPES], ids=str)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @interpreted
@@ -273,6 +286,8 @@ CUDA_CASES = [
     ((32, 256, 16, 4, 4), torch.float32),  # B * n fills the GPU: sequential on its own
     ((2, 2048, 4, 8, 8), torch.bfloat16),
     ((2, 2048, 4, 16, 4), torch.float16),
+    ((2, 1024, 4, 16, 16), torch.bfloat16),  # half inputs on the tl.dot path
+    ((2, 256, 2, 32, 32), torch.float16),
     ((2, 512, 2, 4, 4), torch.float64),
     # short cases around (k = 16, v = 4, float16), which gave a wrong dA on the H200 (not under the
     # interpreter): which of the dtype, k and v is at fault

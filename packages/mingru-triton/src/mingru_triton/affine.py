@@ -56,7 +56,7 @@ _forced: tuple[str, int | None] | None = None
 
 @triton.jit
 def _mm(a, b, DOT: tl.constexpr):
-    """a (M, K) @ b (K, N): IEEE ``tl.dot`` when ``DOT`` (every side >= 16, float32), else multiply + sum.
+    """a (M, K) @ b (K, N): IEEE ``tl.dot`` when ``DOT`` (every side >= 16), else multiply + sum.
 
     The product is written b[None] * a[..., None] on purpose: Triton's combine pass rewrites exactly
     ``sum(a[:, :, None] * b[None, :, :], 1)`` with M, N >= 16 into a ``tt.dot``, in TF32 up to Triton 3.6
@@ -397,15 +397,17 @@ def _pow2(x: int) -> int:
 def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
     """Tile sizes (k, v padded to powers of two >= 2), the tl.dot switches and num_warps.
 
-    tl.dot (IEEE float32) for float32 inputs when k and v are both >= 16, so that every product of a kernel
-    takes the same path; other dtypes and sizes multiply and sum (see :func:`_mm` for why that sum is written
-    so that Triton cannot turn it into a TF32 tensor-core dot). num_warps: one per 1024 elements of the
+    tl.dot (IEEE, on the float32 accumulators) for float32, bfloat16 and float16 inputs when k and v are both
+    >= 16, so that every product of a kernel takes the same path; float64 and smaller sizes multiply and sum
+    (see :func:`_mm` for why that sum is written so that Triton cannot turn it into a TF32 tensor-core dot).
+    The broadcast product of k = 32 spills registers: on an H200, bfloat16 k = v = 32 on that path ran 43x
+    slower than float32 on tl.dot. num_warps: one per 1024 elements of the
     largest broadcast product (KP * KP * max(KP, VP)), 1 to 16; with tl.dot at least 4, and 8 for k > 16
     (fewer spill registers on sm_90).
     """
     kp, vp = _pow2(k), _pow2(v)
     fp64 = int(dtype == torch.float64)
-    dot_kk = int(dtype == torch.float32 and kp >= 16 and vp >= 16)
+    dot_kk = int(dtype != torch.float64 and kp >= 16 and vp >= 16)
     dot_kv = dot_kk
     broadcast = max(0 if dot_kk else kp**3, 0 if dot_kv else kp * kp * vp)
     warps = min(16, triton.next_power_of_2(max(1, broadcast // 1024)))
