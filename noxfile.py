@@ -179,14 +179,17 @@ WHEELS = ROOT / ".whl"
 
 @nox.session
 def bench_smoke(session: nox.Session) -> None:
-    """The benchmark runner on tiny shapes on the CPU (kernels under the Triton interpreter): it runs, checks
-    every implementation against float64 and prints its tables. Timings here mean nothing; see benchmarks/."""
+    """The benchmark runner and the launch-configuration sweep on tiny shapes on the CPU (kernels under the
+    Triton interpreter): they run, check results and print their tables. Timings here mean nothing; see
+    benchmarks/."""
     torch = DEFAULT_TORCH
     session.install(f"torch=={torch}", TRITON_FOR_TORCH[torch], "numpy", *EDITABLE_BUILD_TOOLS)
     session.install(
         "--no-build-isolation", "--no-deps", *(arg for p in PACKAGES.values() for arg in ("-e", str(p)))
     )
     session.run("python", str(ROOT / "benchmarks" / "bench.py"), "--smoke", *session.posargs)
+    for family in ("linear", "log"):
+        session.run("python", str(ROOT / "benchmarks" / "sweep.py"), "--smoke", "--family", family)
 
 
 @nox.session

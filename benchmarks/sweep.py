@@ -1,0 +1,275 @@
+"""Launch-configuration sweep of the k = 1 and log-space kernels: the tile, warps and strategy a shape wants.
+
+For each shape and dtype, every configuration of the grid (channels per program, tile elements, warps, and
+for few rows the chunked strategy with several chunk lengths) replaces the kernel's own plan for one
+``linear_recurrence_fwd`` / ``log_recurrence_fwd`` call (forward, or forward + backward). Each result is
+checked against the call with the kernel's own plan, then timed (median of ``triton.testing.do_bench``)
+and divided by the time of a device copy of the least bytes the call must move. Prints the best
+configurations per (shape, dtype) next to the kernel's own plan; ``--csv`` keeps every row.
+
+python benchmarks/sweep.py --family linear --csv out/sweep_linear.csv
+python benchmarks/sweep.py --family log --dtypes float32 --modes fwd,fwdbwd
+python benchmarks/sweep.py --smoke       # CPU, the Triton interpreter, two tiny configurations
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import itertools
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import mingru_triton
+from mingru_triton import linear, log
+
+SHAPES = "8x1024x1024,8x4096x1024,8x16384x1024,1x65536x256,1x8192x2048"
+Shape = tuple[int, int, int]
+FIELDS = ("family", "shape", "dtype", "mode", "config", "status", "ms", "x_floor", "max_err")
+
+
+def _parse_ints(text: str) -> list[int]:
+    return [int(item) for item in text.split(",") if item]
+
+
+def _parse_shape(text: str) -> Shape:
+    parts = tuple(int(item) for item in text.lower().split("x"))
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"a shape is BxTxD, got {text!r}")
+    return parts  # type: ignore[return-value]
+
+
+def _inputs(family: str, shape: Shape, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    batch, _, width = shape
+    if family == "linear":
+        a = torch.rand(shape, device=device, generator=gen) * 0.5 + 0.5
+        b = torch.randn(shape, device=device, generator=gen)
+        h0 = torch.randn(batch, width, device=device, generator=gen)
+    else:
+        a = -F.softplus(torch.randn(shape, device=device, generator=gen))
+        b = torch.randn(shape, device=device, generator=gen) - 1.0
+        h0 = torch.rand(batch, width, device=device, generator=gen) + 0.1
+    return [x.to(dtype).requires_grad_() for x in (a, b, h0)]
+
+
+def _op(family: str) -> Callable[..., Tensor]:
+    return linear.linear_recurrence_fwd if family == "linear" else log.log_recurrence_fwd
+
+
+def _configs(args: argparse.Namespace, family: str, shape: Shape) -> Iterator[tuple[str, Any]]:
+    """(label, plan) for every configuration of the grid that fits ``shape``."""
+    batch, steps, width = shape
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    for block_d, elems, warps in itertools.product(args.block_d, args.tile, args.warps):
+        block_t = elems // block_d
+        if block_t < 1 or elems // (32 * warps) < 1 or block_d > triton_next_pow2(width):
+            continue
+        strategies: list[tuple[str, int]] = [("sequential", steps)]
+        blocks = batch * -(-width // block_d)
+        if blocks < 2 * sms:
+            strategies += [("chunked", c) for c in args.chunks if block_t <= c < steps]
+        for strategy, chunk in strategies:
+            n_chunks = -(-steps // chunk)
+            label = f"{strategy} d{block_d} t{block_t} w{warps}" + (f" c{chunk}" if n_chunks > 1 else "")
+            if family == "linear":
+                plan: Any = linear.ScanPlan(
+                    strategy, block_t, block_d, 1, warps, chunk, n_chunks, -(-width // block_d)
+                )
+            else:
+                plan = log._Plan(strategy, block_t, block_d, warps, chunk, n_chunks)
+            yield label, plan
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@contextlib.contextmanager
+def _plan(family: str, plan: Any) -> Iterator[None]:
+    """Every launch of ``family`` inside the block uses ``plan`` (None: the kernel's own plan)."""
+    if plan is None:
+        yield
+        return
+    module: Any = linear if family == "linear" else log
+    name = "_plan_for" if family == "linear" else "_device_plan"
+    saved = getattr(module, name)
+    setattr(module, name, lambda *_: plan)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+def _own_plan(family: str, x: Tensor) -> str:
+    if family == "linear":
+        p = linear._plan_for(x, 1)
+        strategy, block_d, block_t, warps, chunk, n_chunks = (
+            p.strategy,
+            p.block_j,
+            p.block_t,
+            p.num_warps,
+            p.chunk,
+            p.num_chunks,
+        )
+    else:
+        q = log._device_plan(x)
+        strategy, block_d, block_t, warps, chunk, n_chunks = (
+            q.strategy,
+            q.block_d,
+            q.block_t,
+            q.num_warps,
+            q.chunk,
+            q.n_chunks,
+        )
+    return f"{strategy} d{block_d} t{block_t} w{warps}" + (f" c{chunk}" if n_chunks > 1 else "")
+
+
+def _rel_err(got: Tensor, want: Tensor) -> float:
+    """max |got - want| over max |want|, in float64."""
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30)).item()
+
+
+class Sweep:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.device = torch.device("cpu" if args.smoke else "cuda")
+        self.floors: dict[int, float] = {}
+
+    def time_ms(self, fn: Callable[[], Any]) -> float:
+        if self.device.type == "cuda":
+            from triton.testing import do_bench
+
+            return float(do_bench(fn, warmup=self.args.warmup, rep=self.args.rep, return_mode="median"))
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    def floor_ms(self, nbytes: int) -> float:
+        if nbytes not in self.floors:
+            src = torch.empty(max(nbytes // 8, 1), dtype=torch.float32, device=self.device)
+            dst = torch.empty_like(src)
+            self.floors[nbytes] = self.time_ms(lambda: dst.copy_(src))
+        return self.floors[nbytes]
+
+    def call(self, family: str, mode: str, inputs: list[Tensor], grad: Tensor) -> Callable[[], Any]:
+        op = _op(family)
+        if mode == "fwd":
+            return lambda: op(*(x.detach() for x in inputs))
+        return lambda: torch.autograd.grad(op(*inputs), inputs, grad)
+
+    def run_one(self, family: str, shape: Shape, dtype: torch.dtype, mode: str) -> list[dict]:
+        inputs = _inputs(family, shape, dtype, self.device)
+        grad = torch.randn(shape, device=self.device).to(dtype)
+        fn = self.call(family, mode, inputs, grad)
+        want = fn()
+        want = [want] if isinstance(want, Tensor) else list(want)
+        nbytes = (3 if mode == "fwd" else 8) * inputs[0].numel() * inputs[0].element_size()
+        floor = self.floor_ms(nbytes)
+        rows = []
+        base = {"family": family, "shape": "x".join(map(str, shape)), "dtype": str(dtype)[6:], "mode": mode}
+        own = {**base, "config": "own: " + _own_plan(family, inputs[0]), "status": "ok", "max_err": 0.0}
+        own_ms = self.time_ms(fn)
+        rows.append({**own, "ms": own_ms, "x_floor": own_ms / floor})
+        configs = list(_configs(self.args, family, shape))
+        if self.args.smoke:
+            configs = configs[:2]
+        for label, plan in configs:
+            row = {**base, "config": label}
+            try:
+                with _plan(family, plan):
+                    got = fn()
+                    got = [got] if isinstance(got, Tensor) else list(got)
+                    err = max(_rel_err(g, w) for g, w in zip(got, want, strict=True))
+                    limit = 1e-4 if dtype == torch.float32 else 2e-2
+                    if not err <= limit:
+                        row.update(status=f"wrong (max rel. err {err:.1e})", max_err=err)
+                    else:
+                        ms = self.time_ms(fn)
+                        row.update(status="ok", ms=ms, x_floor=ms / floor, max_err=err)
+            except Exception as exc:  # a configuration the compiler rejects (registers, shared memory)
+                row.update(status=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+            rows.append(row)
+        return rows
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=("linear", "log"), default="linear")
+    parser.add_argument("--shapes", default=SHAPES, help="comma-separated BxTxD")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--modes", default="fwd", help="fwd,fwdbwd")
+    parser.add_argument("--block-d", type=_parse_ints, default=_parse_ints("8,16,32,64"))
+    parser.add_argument("--tile", type=_parse_ints, default=_parse_ints("2048,4096,8192"))
+    parser.add_argument("--warps", type=_parse_ints, default=_parse_ints("2,4,8"))
+    parser.add_argument("--chunks", type=_parse_ints, default=_parse_ints("1024,4096"))
+    parser.add_argument("--rep", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--top", type=int, default=5, help="best configurations printed per case")
+    parser.add_argument("--budget-min", type=float, default=8.0, help="stop starting cases after this")
+    parser.add_argument("--csv", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, two configs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.shapes, args.dtypes, args.block_d, args.tile, args.warps = "2x20x12", "float32", [8], [64], [1]
+        args.chunks = [8]
+    elif not torch.cuda.is_available():
+        parser.error("the sweep times CUDA kernels: run it on a GPU, or pass --smoke")
+    args.shapes = [_parse_shape(s) for s in args.shapes.split(",")]
+    args.dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    args.modes = args.modes.split(",")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if mingru_triton.available() is not True:
+        print(f"mingru_triton is not available: {mingru_triton.available()}", file=sys.stderr)
+        return 2
+    sweep = Sweep(args)
+    started = time.perf_counter()
+    writer = None
+    if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        handle = args.csv.open("a", newline="")
+        writer = csv.DictWriter(handle, FIELDS, extrasaction="ignore")
+        if args.csv.stat().st_size == 0:
+            writer.writeheader()
+    for shape, dtype, mode in itertools.product(args.shapes, args.dtypes, args.modes):
+        if time.perf_counter() - started > args.budget_min * 60:
+            print(f"budget of {args.budget_min:g} min spent: {shape} {dtype} {mode} and later cases skipped")
+            break
+        rows = sweep.run_one(args.family, shape, dtype, mode)
+        if writer is not None:
+            writer.writerows(rows)
+            handle.flush()
+        own, rest = rows[0], rows[1:]
+        timed = sorted((r for r in rest if r["status"] == "ok"), key=lambda r: r["ms"])
+        case = f"{args.family} {own['shape']} {own['dtype']} {mode}"
+        print(f"\n{case}: {len(rest)} configs, {len(timed)} timed")
+        for r in [own, *timed[: args.top]]:
+            print(f"  {r['config']:<40} {r['ms']:9.4f} ms  {r['x_floor']:6.2f}x floor")
+        for r in rest:
+            if r["status"] != "ok":
+                print(f"  {r['config']:<40} {r['status']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
