@@ -101,6 +101,26 @@ def test_automatic_dynamic_recompiles_once_then_holds() -> None:
     assert any("size mismatch at index 1" in reason for reason in report.recompile_reasons), report.summary()
 
 
+def test_length_equal_to_a_state_size() -> None:
+    """With ``dynamic=True``, Dynamo gives equal input sizes one symbol ("duck shaping"): T = 3 beside an
+    initial state (B, n, 3, 3) ties T to the state size, which the layer's shape check fixes at 3, so the
+    next length recompiles. ``mark_dynamic`` on T alone keeps one graph (the way docs/dispatch.md gives)."""
+    layer = make_layer("MinGRUMatrix")
+    h0 = layer_state(layer)
+    assert h0.shape[-2] == 3
+    inputs = [layer_input(length=t) for t in (3, 9)]
+    report = compile_and_report(
+        layer, inputs[0], h0, backend="eager", dynamic=True, calls=[((inputs[1], h0), {})]
+    )
+    assert (report.graphs, report.recompiles) == (2, 1), report.summary()
+    for x in inputs:
+        torch._dynamo.mark_dynamic(x, 1)
+    report = compile_and_report(layer, inputs[0], h0, backend="eager", calls=[((inputs[1], h0), {})])
+    assert (report.graphs, report.graph_breaks, report.recompiles) == (1, 0, 0), report.summary()
+    for x, (y, _) in zip(inputs, report.outputs, strict=True):
+        torch.testing.assert_close(y, layer(x, h0)[0])
+
+
 @pytest.mark.parametrize("name", ["MinGRU-linear", "MinGRU-log", "MinGRUMatrix", "MinGRUDiag"])
 def test_reference_scans_are_single_graph_nodes(name: str) -> None:
     """The eager scans enter the graphs as ``mingru_ref`` custom ops, forward and backward; no kernel op."""
