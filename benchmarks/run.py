@@ -66,6 +66,28 @@ def _rel(got: Tensor, expected: Tensor) -> float:
     return float(((got.double() - expected).abs().max() / scale).item())
 
 
+def median_ms(fn: Callable[[], Any], *, cuda: bool, warmup: int, rep: int, tries: int = 3) -> float:
+    """Median time of ``fn`` in ms: ``triton.testing.do_bench`` on CUDA (warm-up, L2 flushed between runs),
+    else the median of ``tries`` wall-clock runs."""
+    if cuda:
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    times = []
+    for _ in range(tries):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def copy_ms(nbytes: int, device: torch.device, timer: Callable[[Callable[[], Any]], float]) -> float:
+    """The bandwidth floor: ``timer`` of a device copy that reads nbytes/2 and writes nbytes/2."""
+    src = torch.empty(max(nbytes // 8, 1), dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return timer(lambda: dst.copy_(src))
+
+
 class Runner:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -117,25 +139,13 @@ class Runner:
     # ------------------------------------------------------------------------------------- measuring
 
     def time_ms(self, fn: Callable[[], Any]) -> float:
-        if self.cuda:
-            from triton.testing import do_bench
-
-            return float(do_bench(fn, warmup=self.args.warmup, rep=self.args.rep, return_mode="median"))
-        times = []
-        for _ in range(1 if self.args.smoke else 3):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
+        args = self.args
+        return median_ms(fn, cuda=self.cuda, warmup=args.warmup, rep=args.rep, tries=1 if args.smoke else 3)
 
     def floor_ms(self, nbytes: int) -> float:
         """Median time of a device copy reading nbytes/2 and writing nbytes/2 (cached per size)."""
         if nbytes not in self.floors:
-            count = max(nbytes // 8, 1)
-            src = torch.empty(count, dtype=torch.float32, device=self.device)
-            dst = torch.empty_like(src)
-            self.floors[nbytes] = self.time_ms(lambda: dst.copy_(src))
-            del src, dst
+            self.floors[nbytes] = copy_ms(nbytes, self.device, self.time_ms)
         return self.floors[nbytes]
 
     def one_call(self, fn: Callable[[], Any]) -> tuple[Any, float]:

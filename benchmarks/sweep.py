@@ -19,7 +19,6 @@ import contextlib
 import csv
 import itertools
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +28,7 @@ from typing import Any
 if "--smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import run
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -150,22 +150,12 @@ class Sweep:
         self.floors: dict[int, float] = {}
 
     def time_ms(self, fn: Callable[[], Any]) -> float:
-        if self.device.type == "cuda":
-            from triton.testing import do_bench
-
-            return float(do_bench(fn, warmup=self.args.warmup, rep=self.args.rep, return_mode="median"))
-        times = []
-        for _ in range(2):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
+        cuda = self.device.type == "cuda"
+        return run.median_ms(fn, cuda=cuda, warmup=self.args.warmup, rep=self.args.rep, tries=2)
 
     def floor_ms(self, nbytes: int) -> float:
         if nbytes not in self.floors:
-            src = torch.empty(max(nbytes // 8, 1), dtype=torch.float32, device=self.device)
-            dst = torch.empty_like(src)
-            self.floors[nbytes] = self.time_ms(lambda: dst.copy_(src))
+            self.floors[nbytes] = run.copy_ms(nbytes, self.device, self.time_ms)
         return self.floors[nbytes]
 
     def call(self, family: str, mode: str, inputs: list[Tensor], grad: Tensor) -> Callable[[], Any]:
