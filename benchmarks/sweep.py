@@ -31,10 +31,12 @@ if "--smoke" in sys.argv:
 import run
 import torch
 import torch.nn.functional as F
+import triton
 from torch import Tensor
 
 import mingru_triton
 from mingru_triton import linear, log
+from mingru_triton._launch import num_sms
 
 SHAPES = "8x1024x1024,8x4096x1024,8x16384x1024,1x65536x256,1x8192x2048"
 Shape = tuple[int, int, int]
@@ -70,32 +72,28 @@ def _op(family: str) -> Callable[..., Tensor]:
     return linear.linear_recurrence_fwd if family == "linear" else log.log_recurrence_fwd
 
 
-def _configs(args: argparse.Namespace, family: str, shape: Shape) -> Iterator[tuple[str, Any]]:
+def _configs(
+    args: argparse.Namespace, family: str, shape: Shape, device: torch.device
+) -> Iterator[tuple[str, Any]]:
     """(label, plan) for every configuration of the grid that fits ``shape``."""
     batch, steps, width = shape
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    sms = num_sms(device)
     for block_d, elems, warps in itertools.product(args.block_d, args.tile, args.warps):
         block_t = elems // block_d
-        if block_t < 1 or elems // (32 * warps) < 1 or block_d > triton_next_pow2(width):
+        if block_t < 1 or elems // (32 * warps) < 1 or block_d > triton.next_power_of_2(width):
             continue
+        d_blocks = triton.cdiv(width, block_d)
         strategies: list[tuple[str, int]] = [("sequential", steps)]
-        blocks = batch * -(-width // block_d)
-        if blocks < 2 * sms:
+        if batch * d_blocks < 2 * sms:
             strategies += [("chunked", c) for c in args.chunks if block_t <= c < steps]
         for strategy, chunk in strategies:
-            n_chunks = -(-steps // chunk)
+            n_chunks = triton.cdiv(steps, chunk)
             label = f"{strategy} d{block_d} t{block_t} w{warps}" + (f" c{chunk}" if n_chunks > 1 else "")
             if family == "linear":
-                plan: Any = linear.ScanPlan(
-                    strategy, block_t, block_d, 1, warps, chunk, n_chunks, -(-width // block_d)
-                )
+                plan: Any = linear.ScanPlan(strategy, block_t, block_d, 1, warps, chunk, n_chunks, d_blocks)
             else:
                 plan = log._Plan(strategy, block_t, block_d, warps, chunk, n_chunks)
             yield label, plan
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 @contextlib.contextmanager
@@ -177,7 +175,7 @@ class Sweep:
         own = {**base, "config": "own: " + _own_plan(family, inputs[0]), "status": "ok", "max_err": 0.0}
         own_ms = self.time_ms(fn)
         rows.append({**own, "ms": own_ms, "x_floor": own_ms / floor})
-        configs = list(_configs(self.args, family, shape))
+        configs = list(_configs(self.args, family, shape, self.device))
         if self.args.smoke:
             configs = configs[:2]
         for label, plan in configs:

@@ -121,14 +121,20 @@ def test_length_equal_to_a_state_size() -> None:
         torch.testing.assert_close(y, layer(x, h0)[0])
 
 
-@pytest.mark.parametrize("name", ["MinGRU-linear", "MinGRU-log", "MinGRUMatrix", "MinGRUDiag"])
-def test_reference_scans_are_single_graph_nodes(name: str) -> None:
+REFERENCE_OPS = {
+    "MinGRU-linear": "linear_scan",
+    "MinGRU-log": "parallel_scan_log",
+    "MinGRUMatrix": "affine_scan",
+    "MinGRUDiag": "diag_scan",
+}
+
+
+@pytest.mark.parametrize(("name", "op"), REFERENCE_OPS.items())
+def test_reference_scans_are_single_graph_nodes(name: str, op: str) -> None:
     """The eager scans enter the graphs as ``mingru_ref`` custom ops, forward and backward; no kernel op."""
     layer = make_layer(name)
     x = layer_input(length=LENGTHS[0])
     report = compile_and_report(layer, x, backend="aot_eager", dynamic=True, backward=True)
-    family = {"MinGRU-linear": "linear", "MinGRU-log": "parallel_scan_log", "MinGRUMatrix": "affine"}
-    op = family.get(name, "diag") + ("" if name == "MinGRU-log" else "_scan")
     assert report.custom_ops("mingru_ref") == {f"mingru_ref::{op}_fwd"}, report.targets()
     assert report.custom_ops("mingru_ref", "backward") == {f"mingru_ref::{op}_bwd"}
     assert not report.custom_ops("mingru"), report.targets()
