@@ -45,6 +45,16 @@ def launch(kernel: Any, grid: Grid, *args: Any, **meta: Any) -> None:
         wrap_triton(kernel)[grid](*args, **meta)
 
 
+def cdiv(x: int, y: int) -> int:
+    """ceil(x / y) for ints (a plain function: ``triton.cdiv`` costs microseconds per call on the host)."""
+    return -(-x // y)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), like ``triton.next_power_of_2`` but host-cheap."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def is_fp64(x: Tensor) -> int:
     """1 when ``x`` is float64 (the kernel then accumulates in float64), else 0 (float32 accumulation)."""
     return int(x.dtype == torch.float64)

@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
-from mingru_triton._launch import launch, num_sms, on_kernel_device
+from mingru_triton._launch import cdiv, launch, next_pow2, num_sms, on_kernel_device
 
 __all__ = [
     "affine_envelope",
@@ -380,18 +380,18 @@ def _strategy(rows: int, steps: int, sms: int = 132) -> tuple[str, int]:
         name, chunk = _forced
         if name == "sequential" or steps < 2:
             return "sequential", max(steps, 1)
-        chunk = chunk if chunk is not None else triton.cdiv(steps, 4)
-        return "chunked", min(chunk, triton.cdiv(steps, 2))
+        chunk = chunk if chunk is not None else cdiv(steps, 4)
+        return "chunked", min(chunk, cdiv(steps, 2))
     if rows >= 2 * sms or steps < 2 * MIN_CHUNK:
         return "sequential", max(steps, 1)
-    chunks = min(triton.cdiv(4 * sms, rows), steps // MIN_CHUNK, math.isqrt(steps))
+    chunks = min(cdiv(4 * sms, rows), steps // MIN_CHUNK, math.isqrt(steps))
     if chunks < 2:
         return "sequential", steps
-    return "chunked", triton.cdiv(steps, chunks)
+    return "chunked", cdiv(steps, chunks)
 
 
 def _pow2(x: int) -> int:
-    return max(2, triton.next_power_of_2(x))
+    return max(2, next_pow2(x))
 
 
 def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
@@ -410,7 +410,7 @@ def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
     dot_kk = int(dtype != torch.float64 and kp >= 16 and vp >= 16)
     dot_kv = dot_kk
     broadcast = max(0 if dot_kk else kp**3, 0 if dot_kv else kp * kp * vp)
-    warps = min(16, triton.next_power_of_2(max(1, broadcast // 1024)))
+    warps = min(16, next_pow2(max(1, broadcast // 1024)))
     if dot_kk:
         warps = max(warps, 8 if kp >= 32 else 4)
     return {"KP": kp, "VP": vp, "FP64": fp64, "DOT_KK": dot_kk, "DOT_KV": dot_kv, "num_warps": warps}
@@ -437,7 +437,7 @@ def _forward(A: Tensor, Bm: Tensor, H0: Tensor | None, Abar: Tensor | None, H: T
         args: tuple[Any, ...] = (A, Bm, h0, out_a, H, H, H, *dims, steps, 1, 1, 0)
         launch(_fwd_kernel, (rows,), *args, CARRY=0, HAS_H0=has_h0, **write, **cfg)
         return
-    nc = triton.cdiv(steps, chunk)
+    nc = cdiv(steps, chunk)
     sp, sb = _buffers(rows * nc, cfg, A, (True, True))
     ca, cb = _buffers(rows * nc, cfg, A, (bool(abar), True))
     # phase 1: chunks 0 .. nc - 2 summarise themselves (the last one's summary is never used)
@@ -481,7 +481,7 @@ def _backward(
         args: tuple[Any, ...] = (A, *ptrs, *outs, dA, dA, dA, *dims, steps, 1, 1, 0)
         launch(_bwd_kernel, (rows,), *args, CARRY=0, **ends, **has, **cfg)
         return
-    nc = triton.cdiv(steps, chunk)
+    nc = cdiv(steps, chunk)
     tracked = (True, gA is not None, gB is not None)
     sp, sa, sb = _buffers(rows * nc, cfg, A, tracked)
     _, ca, cb = _buffers(rows * nc, cfg, A, (False, *tracked[1:]))

@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru.scans.angle import check_angle_inputs
-from mingru_triton._launch import is_fp64, launch, num_sms, on_kernel_device
+from mingru_triton._launch import cdiv, is_fp64, launch, next_pow2, num_sms, on_kernel_device
 
 __all__ = ["angle_envelope", "angle_scan_bwd", "angle_scan_fwd", "force_strategy"]
 
@@ -70,9 +70,9 @@ def force_strategy(name: str) -> Iterator[None]:
 def _block_heads(batch: int, heads: int, k: int, sms: int) -> int:
     """Heads per program of the vector path: a tile of up to 256 state entries, shrunk (down to one head)
     until there are at least four programs per SM."""
-    block_k = triton.next_power_of_2(k)
-    block = min(triton.next_power_of_2(heads), max(1, 256 // block_k))
-    while block > 1 and batch * triton.cdiv(heads, block) < 4 * sms:
+    block_k = next_pow2(k)
+    block = min(next_pow2(heads), max(1, 256 // block_k))
+    while block > 1 and batch * cdiv(heads, block) < 4 * sms:
         block //= 2
     return block
 
@@ -86,10 +86,10 @@ def _strategy(batch: int, steps: int, heads: int, k: int, device: torch.device) 
     and T is long enough for at least four chunks of >= 64 steps; chunks give ~4 programs per SM."""
     sms = num_sms(device)
     rows = batch * heads
-    chunk = max(64, triton.next_power_of_2(triton.cdiv(steps * rows, 4 * sms)))
+    chunk = max(64, next_pow2(cdiv(steps * rows, 4 * sms)))
     forced = _FORCED[-1] if _FORCED else None
     if forced == "chunked":
-        return "chunked", max(1, min(chunk, triton.cdiv(steps, 3))) if steps > 1 else 1
+        return "chunked", max(1, min(chunk, cdiv(steps, 3))) if steps > 1 else 1
     if forced == "sequential":
         return "sequential", steps
     if k <= MAX_CHUNKED_K and rows < 2 * sms and steps >= 4 * chunk:
@@ -388,7 +388,7 @@ def _check(
 
 def _meta(b: Tensor, layers: int) -> dict[str, int]:
     k = b.shape[-1]
-    return {"K": k, "HALF": k // 2, "R": layers, "BLOCK_K": triton.next_power_of_2(k), "FP64": is_fp64(b)}
+    return {"K": k, "HALF": k // 2, "R": layers, "BLOCK_K": next_pow2(k), "FP64": is_fp64(b)}
 
 
 def _work_dtype(b: Tensor) -> torch.dtype:
@@ -423,7 +423,7 @@ def angle_scan_fwd(
     out = torch.empty_like(b)
     strategy, chunk = _strategy(batch, steps, heads, k, b.device)
     if strategy == "chunked":
-        chunks = triton.cdiv(steps, chunk)
+        chunks = cdiv(steps, chunk)
         mats = torch.empty(batch, heads, chunks, k, k, device=b.device, dtype=_work_dtype(b))
         ends = torch.empty(batch, heads, chunks, k, device=b.device, dtype=_work_dtype(b))
         carries = torch.empty(batch, chunks, heads, k, device=b.device, dtype=_work_dtype(b))
@@ -437,7 +437,7 @@ def angle_scan_fwd(
     else:
         chunks, chunk, carries = 1, max(steps, 1), h0
         block_h = _block_heads(batch, heads, k, num_sms(b.device))
-    n_hblocks = triton.cdiv(heads, block_h)
+    n_hblocks = cdiv(heads, block_h)
     launch(_fwd_kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, b, carries, perm, sgn, p2p, out,
            steps, heads, n_hblocks, chunks, chunk, **meta, BLOCK_H=block_h, **flags,
            num_warps=_warps(block_h * meta["BLOCK_K"]))  # fmt: skip
@@ -487,7 +487,7 @@ def angle_scan_bwd(
     dh0 = torch.empty_like(h0)
     strategy, chunk = _strategy(batch, steps, heads, k, b.device)
     if strategy == "chunked":
-        chunks = triton.cdiv(steps, chunk)
+        chunks = cdiv(steps, chunk)
         mats = torch.empty(batch, heads, chunks, k, k, device=b.device, dtype=_work_dtype(b))
         ends = torch.empty(batch, heads, chunks, k, device=b.device, dtype=_work_dtype(b))
         carries = torch.empty(batch, chunks, heads, k, device=b.device, dtype=_work_dtype(b))
@@ -501,7 +501,7 @@ def angle_scan_bwd(
     else:
         chunks, chunk, carries, carry_in = 1, max(steps, 1), h0, 0
         block_h = _block_heads(batch, heads, k, num_sms(b.device))
-    n_hblocks = triton.cdiv(heads, block_h)
+    n_hblocks = cdiv(heads, block_h)
     launch(_bwd_kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p,
            carries, dtheta, dscale, dgamma, db, dh0, steps, heads, n_hblocks, chunks, chunk, **meta,
            BLOCK_H=block_h, **flags, CARRY_IN=carry_in,
