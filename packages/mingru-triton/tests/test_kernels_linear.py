@@ -221,8 +221,15 @@ def test_strategy_heuristic() -> None:
     assert linear._strategy(1, 1000, 16, 1, 4) == "sequential"
     assert linear._strategy(1, 1 << 20, 16, 1, 4) == "chunked"
     plan = linear.scan_plan(1, 1 << 20, 256, 1, 2)
-    assert plan.strategy == "chunked" and plan.block_j == 128 and plan.chunk >= 512
-    assert plan.num_chunks * plan.num_jblocks >= 4 * 132
+    assert plan.strategy == "chunked" and (plan.block_j, plan.block_t, plan.num_warps) == (32, 64, 4)
+    assert plan.chunk >= 1024 and plan.num_chunks * plan.num_jblocks >= 4 * 132
+    # k = 1 with enough rows x channels: narrow single-warp tiles of 2048 elements, 32-byte rows
+    for itemsize, block_j in ((4, 8), (2, 16), (8, 8)):
+        plan = linear.scan_plan(8, 16384, 1024, 1, itemsize)
+        assert plan.strategy == "sequential" and plan.num_warps == 1
+        assert (plan.block_j, plan.block_t) == (block_j, 2048 // block_j)
+    assert linear.scan_plan(1, 8192, 2048, 1, 4).strategy == "chunked"  # 256 narrow programs < 2 x 132
+    assert linear.scan_plan(1, 8, 3, 1, 4)[1:5] == (256, 4, 1, 1)  # block_j <= next_pow2(D)
     diag = linear.scan_plan(4, 100, 8, 48, 4)
     assert (diag.block_v, diag.block_j) == (64, 1)
     assert diag.block_t * diag.block_j * diag.block_v <= 4096

@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
-from mingru_triton._launch import grad_or_zeros, is_fp64, launch, num_sms, on_kernel_device
+from mingru_triton._launch import cdiv, grad_or_zeros, is_fp64, launch, next_pow2, num_sms, on_kernel_device
 
 __all__ = [
     "force_strategy",
@@ -258,30 +258,47 @@ def force_strategy(name: str, chunk: int | None = None, block_t: int | None = No
 def scan_plan(rows: int, length: int, dj: int, v: int, itemsize: int, sms: int = 132) -> ScanPlan:
     """Choose tiles and strategy for ``rows`` rows of ``length`` steps, ``dj`` coefficient channels x ``v``.
 
-    Tile: BLOCK_V = next_pow2(v); BLOCK_J * BLOCK_V = 64 channels (128 for 2-byte types: 256-byte rows);
-    BLOCK_T so a tile holds 2048 elements, clipped to [8, 64]; 4 warps (8 past 2048 elements).
-    Sequential when rows x channel blocks >= SMs or length <= 2048 (on an H200, 256 programs run the
-    sequential walk at twice the chunked speed, 64 programs at 0.6 times). Otherwise chunked: chunks of a
-    power of two >= 512 steps, the largest that still gives 4 x SMs programs (row, chunk, channel block).
+    k = 1 (v = 1): narrow single-warp programs, BLOCK_J = 8 channels (16 for 2-byte types: 32-byte rows)
+    x BLOCK_T = 2048 / BLOCK_J rows (at most 256). Sequential when those programs number >= 2 x SMs or
+    length <= 2048; otherwise chunked, with 32 channels x 64 rows and 4 warps per program. On an H200
+    (8 x 16384 x 1024, fp32) the sequential 8 x 256 single-warp tile ran the forward at 1.6x the copy
+    floor, the former 64 x 32 four-warp chunked plan at 2.9x; for 1 x 65536 x 256 the chunked 32 x 64
+    tile with 1024-step chunks ran at 3.5x, the former 64-channel, 512-step plan at 7.2x.
+
+    v > 1 (the diagonal scan): BLOCK_V = next_pow2(v); BLOCK_J * BLOCK_V = 64 channels (128 for 2-byte
+    types); BLOCK_T so a tile holds 2048 elements, clipped to [8, 64]; 4 warps (8 past 2048 elements);
+    sequential when rows x channel blocks >= SMs or length <= 2048.
+
+    Chunks: a power of two >= 512 steps (1024 for k = 1), the largest that still gives 4 x SMs programs
+    (row, chunk, channel block).
     """
-    block_v = triton.next_power_of_2(max(v, 1))
-    width = 128 if itemsize <= 2 else 64
-    block_j = max(1, min(triton.next_power_of_2(max(dj, 1)), width // block_v))
-    block_t = max(8, min(64, 2048 // (block_j * block_v)))
-    num_warps = 4 if block_t * block_j * block_v <= 2048 else 8
-    njb = triton.cdiv(max(dj, 1), block_j)
+    block_v = next_pow2(max(v, 1))
+    if block_v == 1:
+        narrow = 16 if itemsize <= 2 else 8
+        block_j = min(next_pow2(max(dj, 1)), narrow)
+        block_t = max(8, min(256, 2048 // block_j))
+        num_warps, min_chunk, enough = 1, 1024, 2 * sms
+        if rows * cdiv(max(dj, 1), block_j) < enough and length > 2048:
+            block_j, block_t, num_warps = min(next_pow2(max(dj, 1)), 32), 64, 4
+    else:
+        width = 128 if itemsize <= 2 else 64
+        block_j = max(1, min(next_pow2(max(dj, 1)), width // block_v))
+        block_t = max(8, min(64, 2048 // (block_j * block_v)))
+        num_warps = 4 if block_t * block_j * block_v <= 2048 else 8
+        min_chunk, enough = 512, sms
+    njb = cdiv(max(dj, 1), block_j)
     programs = rows * njb
-    strategy = "sequential" if programs >= sms or length <= 2048 else "chunked"
+    strategy = "sequential" if programs >= enough or length <= 2048 else "chunked"
     chunk: int | None = None
     if _FORCED:
         strategy, chunk, forced_t = _FORCED[-1]
         block_t = forced_t or block_t
     if strategy == "chunked" and chunk is None:
-        wanted = triton.cdiv(4 * sms, max(programs, 1))
-        chunk = max(512, 1 << (triton.cdiv(length, wanted).bit_length() - 1))
+        wanted = cdiv(4 * sms, max(programs, 1))
+        chunk = max(min_chunk, 1 << (cdiv(length, wanted).bit_length() - 1))
     if strategy == "sequential" or chunk is None or chunk >= length:
         return ScanPlan("sequential", block_t, block_j, block_v, num_warps, max(length, 1), 1, njb)
-    return ScanPlan("chunked", block_t, block_j, block_v, num_warps, chunk, triton.cdiv(length, chunk), njb)
+    return ScanPlan("chunked", block_t, block_j, block_v, num_warps, chunk, cdiv(length, chunk), njb)
 
 
 def _strategy(rows: int, length: int, dj: int, v: int, itemsize: int, sms: int = 132) -> str:
