@@ -6,6 +6,8 @@ real sizes, the automatic strategy and one scan of more than 2^31 elements.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import Tensor
@@ -17,6 +19,7 @@ from kernel_cases import HALF_TYPES, assert_close, kernel_device, on_cuda, on_in
 from mingru.scans.log import parallel_scan_log_ref, safe_log
 from mingru_triton import log as log_kernels
 from mingru_triton.log import (
+    force_log_space,
     force_strategy,
     log_envelope,
     log_recurrence_fwd,
@@ -92,6 +95,12 @@ def signed_h0(batch: int, width: int, dtype: torch.dtype, device: torch.device) 
 
 SHAPES = [(2, 1, 3), (1, 1, 1), (2, 37, 5), (1, 300, 2)]
 STRATEGIES = log_kernels.STRATEGIES
+SPACES = ("linear", "log")
+
+
+def in_space(space: str) -> contextlib.AbstractContextManager[None]:
+    """The forward's tile combine: "linear" (the default for tiles of log coefficients <= 0) or "log"."""
+    return force_log_space() if space == "log" else contextlib.nullcontext()
 
 
 def shape_id(shape: tuple[int, int, int]) -> str:
@@ -101,20 +110,46 @@ def shape_id(shape: tuple[int, int, int]) -> str:
 class TestInterpreter:
     pytestmark = on_interpreter
 
+    @pytest.mark.parametrize("space", SPACES)
     @pytest.mark.parametrize("strategy", STRATEGIES)
     @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-    def test_log_scan_matches_reference(self, shape: tuple[int, int, int], strategy: str) -> None:
-        with force_strategy(strategy):
-            check_log_scan(*log_inputs(shape, torch.float32, kernel_device()), f"{strategy} {shape}")
+    def test_log_scan_matches_reference(self, shape: tuple[int, int, int], strategy: str, space: str) -> None:
+        with force_strategy(strategy), in_space(space):
+            check_log_scan(*log_inputs(shape, torch.float32, kernel_device()), f"{strategy} {space} {shape}")
 
+    @pytest.mark.parametrize("space", SPACES)
     @pytest.mark.parametrize("strategy", STRATEGIES)
     @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-    def test_recurrence_matches_reference(self, shape: tuple[int, int, int], strategy: str) -> None:
+    def test_recurrence_matches_reference(
+        self, shape: tuple[int, int, int], strategy: str, space: str
+    ) -> None:
         device = kernel_device()
         log_coeffs, log_values = log_inputs(shape, torch.float32, device)
         h0 = signed_h0(shape[0], shape[2], torch.float32, device)
+        with force_strategy(strategy), in_space(space):
+            check_recurrence(log_coeffs, log_values[:, 1:], h0, f"{strategy} {space} {shape}")
+
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    def test_growing_tiles_combine_in_log_space(self, strategy: str) -> None:
+        """Tiles with a log coefficient > 0 take the log-space combine, the others the linear one, in one row.
+
+        With lc = 3 over 40 steps the running product reaches e^120, past float32; the states stay near
+        e^-30 because lb = -150 before t = 60, so only a log-space combine of those tiles gives them
+        without inf or NaN. (Forward only: the adjoint runs in linear space; its lam reaches e^120 here.)
+        """
+        device = kernel_device()
+        log_coeffs, log_values = log_inputs((2, 90, 3), torch.float32, device)
+        log_coeffs[:, 20:60] = 3.0
+        log_values[:, :61] = -150.0  # log h0 and log b_t up to t = 60
+        h0 = signed_h0(2, 3, torch.float32, device) * 1e-30
         with force_strategy(strategy):
-            check_recurrence(log_coeffs, log_values[:, 1:], h0, f"{strategy} {shape}")
+            h = parallel_scan_log_fwd(log_coeffs, log_values)
+            h_rec = log_recurrence_fwd(log_coeffs, log_values[:, 1:], h0)
+        ref = parallel_scan_log_ref(log_coeffs.double(), log_values.double())
+        ref_rec = recurrence_ref(log_coeffs.double(), log_values[:, 1:].double(), h0.double())
+        assert torch.isfinite(h).all() and torch.isfinite(h_rec).all() and (h[:, 59] > 0).all()
+        assert_close(h, ref, torch.float32, 90, f"{strategy} growing h")
+        assert_close(h_rec, ref_rec, torch.float32, 90, f"{strategy} growing recurrence h")
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_float64(self, strategy: str) -> None:
@@ -135,8 +170,9 @@ class TestInterpreter:
             check_log_scan(log_coeffs, log_values, f"{strategy} {dtype}")
             check_recurrence(log_coeffs, log_values[:, 1:], h0, f"{strategy} {dtype}")
 
+    @pytest.mark.parametrize("space", SPACES)
     @pytest.mark.parametrize("strategy", STRATEGIES)
-    def test_minus_infinity_gives_no_nan(self, strategy: str) -> None:
+    def test_minus_infinity_gives_no_nan(self, strategy: str, space: str) -> None:
         device = kernel_device()
         log_coeffs, log_values = log_inputs((3, 21, 4), torch.float32, device)
         log_values[0] = NEG_INF  # a whole row of zero values and h0 = 0: h = 0, all gradients 0
@@ -144,7 +180,7 @@ class TestInterpreter:
         log_values[2, 0] = NEG_INF  # h0 = 0 only
         log_coeffs[1, 5:9] = NEG_INF  # a = 0: the state restarts
         log_coeffs[2, :, 2] = NEG_INF
-        with force_strategy(strategy):
+        with force_strategy(strategy), in_space(space):
             check_log_scan(log_coeffs, log_values, f"{strategy} -inf")
             h0 = signed_h0(3, 4, torch.float32, device)
             h0[0] = 0.0
@@ -236,8 +272,8 @@ class TestInterpreter:
         ((1, 1, 1), "sequential"),
         ((1, 2**20, 64), "chunked"),
         ((2, 65536, 256), "chunked"),
-        ((8, 100_000, 512), "chunked"),
-        ((64, 100_000, 512), "sequential"),
+        ((1, 100_000, 512), "chunked"),
+        ((8, 100_000, 512), "sequential"),  # 512 narrow programs: 2 per SM on 132 SMs
     ],
     ids=lambda v: str(v),
 )
@@ -247,10 +283,19 @@ def test_strategy_heuristic(shape: tuple[int, int, int], expected: str) -> None:
 
 def test_plan_tiles_and_chunks() -> None:
     plan = log_kernels._plan(1, 2**20, 64)
-    assert (plan.block_d, plan.block_t, plan.num_warps) == (64, 64, 8)
+    assert (plan.block_d, plan.block_t, plan.num_warps) == (32, 64, 4)
     assert plan.n_chunks * plan.chunk >= 2**20 > (plan.n_chunks - 1) * plan.chunk
     assert plan.chunk % plan.block_t == 0 and 2 <= plan.n_chunks <= 256
-    assert log_kernels._plan(3, 5, 7) == log_kernels._Plan("sequential", 256, 8, 4, 5, 1)
+    assert log_kernels._plan(3, 5, 7) == log_kernels._Plan("sequential", 256, 8, 1, 5, 1)
+    # enough rows x channels: single-warp tiles of 2048 elements with 32-byte rows
+    for itemsize, block_d in ((4, 8), (2, 16)):
+        plan = log_kernels._plan(8, 16384, 1024, itemsize=itemsize)
+        assert (plan.strategy, plan.block_d, plan.block_t, plan.num_warps) == (
+            "sequential",
+            block_d,
+            2048 // block_d,
+            1,
+        )
     # The tile never follows T: a compiled graph with a dynamic T keeps one kernel configuration.
     assert {log_kernels._plan(3, t, 7).block_t for t in (1, 5, 100, 1000)} == {256}
     with force_strategy("chunked"):

@@ -32,9 +32,19 @@ from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
 from mingru.scans.log import check_log_inputs
-from mingru_triton._launch import DEFAULT_SMS, grad_or_zeros, is_fp64, launch, num_sms, on_kernel_device
+from mingru_triton._launch import (
+    DEFAULT_SMS,
+    cdiv,
+    grad_or_zeros,
+    is_fp64,
+    launch,
+    next_pow2,
+    num_sms,
+    on_kernel_device,
+)
 
 __all__ = [
+    "force_log_space",
     "force_strategy",
     "log_envelope",
     "log_recurrence_bwd",
@@ -113,12 +123,15 @@ def _log_fwd_kernel(
     LEAN: tl.constexpr,
     MODE: tl.constexpr,
     REVERSE: tl.constexpr,
+    LINEAR: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     FP64: tl.constexpr,
 ):
     """One (row, channel block, chunk). MODE 0: whole row; 1: write the chunk summary (sum lc, end log state
-    from -inf); 2: compose the carry from the summaries of earlier chunks, then write h for the chunk."""
+    from -inf); 2: compose the carry from the summaries of earlier chunks, then write h for the chunk.
+    LINEAR: a tile whose log coefficients are all <= 0 is scanned in linear space (exp of each input, then
+    the linear combine); other tiles, and every tile when LINEAR is 0, combine in log space."""
     pid = tl.program_id(0).to(tl.int64)
     n_dblk = tl.cdiv(D, BLOCK_D)
     c = pid % n_chunks
@@ -168,16 +181,25 @@ def _log_fwd_kernel(
         mask = tmask[:, None] & dmask[None, :]
         lc = _to_acc(tl.load(lc_row + offs, mask=mask, other=0.0), FP64)
         lb = _to_acc(tl.load(b_row + offs, mask=mask, other=float("-inf")), FP64)
-        s, lz = tl.associative_scan((lc, lb), 0, _log_pair)
-        lh_t = _logaddexp(s + lh[None, :], lz)
+        linear = False
+        if LINEAR:
+            linear = tl.max(tl.max(lc, axis=1), axis=0) <= 0.0
+        if linear:
+            # Every coefficient of the tile is <= 1: no running product can overflow, and every term of the
+            # positive part is >= 0, so the tile is scanned in linear space from one exp per input.
+            p, z = tl.associative_scan((tl.exp(lc), tl.exp(lb)), 0, _linear_pair)
+            pos = z + p * tl.exp(lh)[None, :]
+            out = pos - p * tl.exp(ln)[None, :] if LEAN else pos
+            lh = _safe_log(_last_row(pos, BLOCK_T))
+        else:
+            s, lz = tl.associative_scan((lc, lb), 0, _log_pair)
+            lh_t = _logaddexp(s + lh[None, :], lz)
+            out = tl.exp(lh_t) - tl.exp(ln[None, :] + s) if LEAN else tl.exp(lh_t)
+            lh = _last_row(lh_t, BLOCK_T)
         if MODE != 1:
-            out = tl.exp(lh_t)
-            if LEAN:
-                out = out - tl.exp(ln[None, :] + s)
             tl.store(h_row + offs, out.to(h_ptr.dtype.element_ty), mask=mask)
-        lh = _last_row(lh_t, BLOCK_T)
         if LEAN or MODE == 1:
-            s_last = _last_row(s, BLOCK_T)
+            s_last = tl.sum(lc, axis=0)
             ln = ln + s_last
             s_total = s_total + s_last
     if MODE == 1:
@@ -330,39 +352,61 @@ def force_strategy(name: str) -> Iterator[None]:
         _forced.pop()
 
 
+_log_space: list[bool] = []
+
+
+@contextlib.contextmanager
+def force_log_space() -> Iterator[None]:
+    """Within the block, the forward kernels combine every tile in log space (by default a tile whose log
+    coefficients are all <= 0 runs in linear space). For tests and accuracy comparisons."""
+    _log_space.append(True)
+    try:
+        yield
+    finally:
+        _log_space.pop()
+
+
 def _device_plan(x: Tensor) -> _Plan:
     """:func:`_plan` for ``x`` (B, T, D) on its device: the SM count of a CUDA device, else 132 SMs (an H200)
     and 16-row tiles."""
     batch, steps, width = x.shape
     if x.device.type != "cuda":
-        return _plan(batch, steps, width, DEFAULT_SMS, max_block_t=16)
-    return _plan(batch, steps, width, num_sms(x.device))
+        return _plan(batch, steps, width, DEFAULT_SMS, max_block_t=16, itemsize=x.element_size())
+    return _plan(batch, steps, width, num_sms(x.device), itemsize=x.element_size())
 
 
-def _plan(batch: int, steps: int, width: int, sms: int = DEFAULT_SMS, max_block_t: int = 256) -> _Plan:
+def _plan(
+    batch: int, steps: int, width: int, sms: int = DEFAULT_SMS, max_block_t: int = 256, itemsize: int = 4
+) -> _Plan:
     """Pick the strategy and tile sizes from the shapes.
 
-    Tiles: block_d = min(64, next_pow2(D)) channels (contiguous, coalesced), block_t = 4096 / block_d rows
-    clamped to [16, max_block_t], whatever T is (a tile that follows T would make torch.compile guard on
-    each power of two of T); num_warps 8 for tiles of 4096 elements, else 4.
-    ``max_block_t`` is 256 on CUDA and 16 for CPU tensors (the interpreter scans element by element).
-    Sequential when the (row, channel block) programs give >= 2 per SM or T spans <= 4 tiles; otherwise
-    chunked, with enough chunks (each >= 2 tiles, at most 256) to give about 4 programs per SM.
+    Tiles: single-warp programs of block_d = 8 channels (16 for 2-byte types: 32-byte rows, at most
+    next_pow2(D)) x block_t = 2048 / block_d rows, clamped to [16, max_block_t], whatever T is (a tile
+    that follows T would make torch.compile guard on each power of two of T). ``max_block_t`` is 256 on
+    CUDA and 16 for CPU tensors (the interpreter scans element by element).
+    Sequential when those programs number >= 2 per SM or T spans <= 4 tiles; otherwise chunked, with
+    32-channel tiles and 4 warps, and enough chunks (each >= 2 tiles, at most 256) to give about 4
+    programs per SM. (The same tiles as the k = 1 kernel's, whose loop this one shares.)
     """
-    block_d = min(64, triton.next_power_of_2(max(width, 1)))
-    block_t = min(max(16, 4096 // block_d), max_block_t)
-    num_warps = 8 if block_t * block_d >= 4096 else 4
-    programs = batch * triton.cdiv(width, block_d)
+    block_d = min(16 if itemsize <= 2 else 8, next_pow2(max(width, 1)))
+    block_t = min(max(16, 2048 // block_d), max_block_t)
+    num_warps = 1
     forced = _forced[-1] if _forced else None
+    few = batch * cdiv(width, block_d) < 2 * sms and steps > 4 * block_t
+    if forced == "chunked" or (forced is None and few):
+        block_d = min(32, next_pow2(max(width, 1)))
+        block_t = min(max(16, 2048 // block_d), max_block_t)
+        num_warps = 4
+    programs = batch * cdiv(width, block_d)
     if forced == "chunked":
-        n_chunks = min(4, triton.cdiv(steps, block_t))
-    elif forced == "sequential" or programs >= 2 * sms or steps <= 4 * block_t:
+        n_chunks = min(4, cdiv(steps, block_t))
+    elif forced == "sequential" or not few:
         n_chunks = 1
     else:
-        wanted = triton.cdiv(4 * sms, max(programs, 1))
-        n_chunks = min(wanted, _MAX_CHUNKS, triton.cdiv(steps, 2 * block_t))
-    chunk = triton.cdiv(triton.cdiv(max(steps, 1), max(n_chunks, 1)), block_t) * block_t
-    n_chunks = triton.cdiv(max(steps, 1), chunk)
+        wanted = cdiv(4 * sms, max(programs, 1))
+        n_chunks = min(wanted, _MAX_CHUNKS, cdiv(steps, 2 * block_t))
+    chunk = cdiv(cdiv(max(steps, 1), max(n_chunks, 1)), block_t) * block_t
+    n_chunks = cdiv(max(steps, 1), chunk)
     strategy = "chunked" if n_chunks > 1 else "sequential"
     if strategy == "sequential":
         chunk = max(steps, 1)
@@ -390,7 +434,7 @@ def log_envelope(log_coeffs: Tensor, values: Tensor) -> str | None:
     if steps > _MAX_STEPS:
         return f"T must be < 2^31 for the log-scan kernel, got T={steps}"
     plan = _plan(batch, steps, width)
-    programs = batch * triton.cdiv(width, plan.block_d) * plan.n_chunks
+    programs = batch * cdiv(width, plan.block_d) * plan.n_chunks
     if programs > _MAX_GRID:
         return (
             f"B * ceil(D / {plan.block_d}) must be < 2^31 for the log-scan kernel, "
@@ -431,14 +475,15 @@ def _scan_fwd(
     h0 = b if h0 is None else h0
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
-    grid = (batch * triton.cdiv(width, plan.block_d) * plan.n_chunks,)
+    grid = (batch * cdiv(width, plan.block_d) * plan.n_chunks,)
     sums, ends = _work(lc, plan), _work(lc, plan)
     args: tuple[Any, ...] = (lc, b, h0, h, sums, ends, steps, width, b.stride(0), b_shift, h0.stride(0))
-    args = (*args, plan.n_chunks, plan.chunk, triton.cdiv(plan.chunk, plan.block_t))
+    args = (*args, plan.n_chunks, plan.chunk, cdiv(plan.chunk, plan.block_t))
     meta = dict(
         H0_LOG=int(h0_log),
         LEAN=int(lean),
         REVERSE=int(reverse),
+        LINEAR=int(not _log_space),
         BLOCK_T=plan.block_t,
         BLOCK_D=plan.block_d,
         FP64=is_fp64(lc),
@@ -469,14 +514,14 @@ def _scan_bwd(
     (log h0 in slot 0 of ``b``), ``d_h0`` is None and d log h0 goes to slot 0 of ``d_b``."""
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
-    grid = (batch * triton.cdiv(width, plan.block_d) * plan.n_chunks,)
+    grid = (batch * cdiv(width, plan.block_d) * plan.n_chunks,)
     prods, ends = _work(lc, plan), _work(lc, plan)
     h0_log = h0 is None
     h0 = b if h0 is None else h0
     d_h0 = prods if d_h0 is None else d_h0  # never written when h0_log
     args: tuple[Any, ...] = (lc, b, h0, h, grad_h, d_lc, d_b, d_h0, prods, ends, steps, width)
     args = (*args, b.stride(0), b_shift, h0.stride(0), plan.n_chunks, plan.chunk)
-    args = (*args, triton.cdiv(plan.chunk, plan.block_t))
+    args = (*args, cdiv(plan.chunk, plan.block_t))
     meta = dict(
         H0_LOG=int(h0_log),
         REVERSE=int(reverse),
