@@ -230,6 +230,7 @@ def test_strategy_heuristic() -> None:
         assert (plan.block_j, plan.block_t) == (block_j, 2048 // block_j)
     assert linear.scan_plan(1, 8192, 2048, 1, 4).strategy == "chunked"  # 256 narrow programs < 2 x 132
     assert linear.scan_plan(1, 8, 3, 1, 4)[1:5] == (256, 4, 1, 1)  # block_j <= next_pow2(D)
+    assert linear.scan_plan(8, 16384, 1024, 1, 4, max_block_t=64).block_t == 64  # CPU tensors
     diag = linear.scan_plan(4, 100, 8, 48, 4)
     assert (diag.block_v, diag.block_j) == (64, 1)
     assert diag.block_t * diag.block_j * diag.block_v <= 4096

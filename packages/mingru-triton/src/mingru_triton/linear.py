@@ -255,7 +255,9 @@ def force_strategy(name: str, chunk: int | None = None, block_t: int | None = No
         _FORCED.pop()
 
 
-def scan_plan(rows: int, length: int, dj: int, v: int, itemsize: int, sms: int = 132) -> ScanPlan:
+def scan_plan(
+    rows: int, length: int, dj: int, v: int, itemsize: int, sms: int = 132, max_block_t: int = 256
+) -> ScanPlan:
     """Choose tiles and strategy for ``rows`` rows of ``length`` steps, ``dj`` coefficient channels x ``v``.
 
     k = 1 (v = 1): narrow single-warp programs, BLOCK_J = 8 channels (16 for 2-byte types: 32-byte rows)
@@ -270,13 +272,14 @@ def scan_plan(rows: int, length: int, dj: int, v: int, itemsize: int, sms: int =
     sequential when rows x channel blocks >= SMs or length <= 2048.
 
     Chunks: a power of two >= 512 steps (1024 for k = 1), the largest that still gives 4 x SMs programs
-    (row, chunk, channel block).
+    (row, chunk, channel block). ``max_block_t`` caps BLOCK_T (64 for CPU tensors: the interpreter runs
+    every row of a tile, masked or not).
     """
     block_v = next_pow2(max(v, 1))
     if block_v == 1:
         narrow = 16 if itemsize <= 2 else 8
         block_j = min(next_pow2(max(dj, 1)), narrow)
-        block_t = max(8, min(256, 2048 // block_j))
+        block_t = max(8, min(max_block_t, 2048 // block_j))
         num_warps, min_chunk, enough = 1, 1024, 2 * sms
         if rows * cdiv(max(dj, 1), block_j) < enough and length > 2048:
             block_j, block_t, num_warps = min(next_pow2(max(dj, 1)), 32), 64, 4
@@ -354,7 +357,8 @@ def _run(
 
 def _plan_for(coef: Tensor, v: int) -> ScanPlan:
     rows, length, dj = coef.shape
-    return scan_plan(rows, length, dj, v, coef.element_size(), num_sms(coef.device))
+    max_block_t = 256 if coef.device.type == "cuda" else 64
+    return scan_plan(rows, length, dj, v, coef.element_size(), num_sms(coef.device), max_block_t)
 
 
 def _acc_dtype(x: Tensor) -> torch.dtype:

@@ -1,0 +1,143 @@
+"""Host overhead per call: where a scan op is bound by Python and launches rather than by the GPU.
+
+For each shape, each call (the k = 1 and log recurrences of mingru, forward and forward+backward, and
+accelerated-scan when installed) is timed three ways on CUDA:
+
+- ``wall``: a loop of calls, synchronised only at the ends, over the number of calls (host-bound when the
+  host is slower than the GPU);
+- ``do_bench``: the median of ``triton.testing.do_bench`` (what ``bench.py`` reports);
+- ``graph``: the median of ``triton.testing.do_bench_cudagraph`` (replayed from a CUDA graph: GPU time only).
+
+``wall`` well above ``graph`` at a small shape means the call is bound by host time. ``--smoke`` runs on the
+CPU under the Triton interpreter with wall times only (they mean nothing; CI checks that the script runs).
+
+    python benchmarks/overhead.py                                   # on a CUDA machine
+    python benchmarks/overhead.py --shapes 8x16x1024,8x1024x1024 --calls 500
+    python benchmarks/overhead.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import peers
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import mingru_triton
+from mingru_triton import linear, log
+
+SHAPES = "8x16x1024,8x1024x1024,8x16384x1024"
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    parts = tuple(int(item) for item in text.lower().split("x"))
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"a shape is BxTxD, got {text!r}")
+    return parts  # type: ignore[return-value]
+
+
+def calls(shape: tuple[int, int, int], device: torch.device, with_peer: bool) -> dict[str, Callable[[], Any]]:
+    """name -> a zero-argument call on inputs of ``shape`` (B, T, D)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    batch, _, width = shape
+    a = torch.rand(shape, device=device, generator=gen) * 0.5 + 0.5
+    b = torch.randn(shape, device=device, generator=gen)
+    h0 = torch.randn(batch, width, device=device, generator=gen)
+    lc = -F.softplus(torch.randn(shape, device=device, generator=gen))
+    grad = torch.randn(shape, device=device, generator=gen)
+    leaves = [x.clone().requires_grad_() for x in (a, b, h0)]
+    log_leaves = [x.clone().requires_grad_() for x in (lc, b, h0)]
+
+    def grads(op: Callable[..., Tensor], inputs: list[Tensor]) -> Callable[[], Any]:
+        return lambda: torch.autograd.grad(op(*inputs), inputs, grad)
+
+    found: dict[str, Callable[[], Any]] = {
+        "mingru k=1 fwd": lambda: linear.linear_recurrence_fwd(a, b, h0),
+        "mingru k=1 fwd+bwd": grads(linear.linear_recurrence_fwd, leaves),
+        "mingru log fwd": lambda: log.log_recurrence_fwd(lc, b, h0),
+        "mingru log fwd+bwd": grads(log.log_recurrence_fwd, log_leaves),
+    }
+    if with_peer:
+        a_t, b_t = (x.transpose(1, 2).contiguous() for x in (a, b))
+        peer_leaves = [x.clone().requires_grad_() for x in (a_t, b_t)]
+        grad_t = grad.transpose(1, 2).contiguous()
+        found["accelerated-scan fwd"] = lambda: peers.accel_scan(a_t, b_t)
+        found["accelerated-scan fwd+bwd"] = lambda: torch.autograd.grad(
+            peers.accel_scan(*peer_leaves), peer_leaves, grad_t
+        )
+    return found
+
+
+def wall_us(fn: Callable[[], Any], n: int, cuda: bool) -> float:
+    """Microseconds per call over ``n`` back-to-back calls (after a few warm-up calls)."""
+    for _ in range(min(n, 10)):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def measure(name: str, fn: Callable[[], Any], args: argparse.Namespace, cuda: bool) -> str:
+    wall = wall_us(fn, args.calls, cuda)
+    if not cuda:
+        return f"{name:28} wall {wall:10.1f} us"
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    bench = do_bench(fn, warmup=10, rep=args.rep, return_mode="median") * 1e3
+    try:
+        graph = f"{do_bench_cudagraph(fn, rep=args.rep, return_mode='median') * 1e3:10.1f} us"
+    except Exception as exc:  # a call that cannot be captured in a CUDA graph
+        graph = f"not captured ({type(exc).__name__})"
+    return f"{name:28} wall {wall:10.1f} us   do_bench {bench:10.1f} us   graph {graph}"
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--shapes", default=SHAPES, help="comma-separated BxTxD")
+    parser.add_argument("--calls", type=int, default=300, help="calls in the wall-clock loop")
+    parser.add_argument("--rep", type=int, default=30, help="do_bench rep in ms")
+    parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, one tiny shape")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.shapes, args.calls = "2x5x3", 2
+    elif not torch.cuda.is_available():
+        parser.error("the overhead probe times CUDA calls: run it on a GPU, or pass --smoke")
+    args.shapes = [_shape(s) for s in args.shapes.split(",")]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if mingru_triton.available() is not True:
+        print(f"mingru_triton is not available: {mingru_triton.available()}", file=sys.stderr)
+        return 2
+    cuda = not args.smoke
+    device = torch.device("cuda" if cuda else "cpu")
+    reason = peers.status("accelerated-scan") if cuda else "not timed off CUDA"
+    with_peer = reason is None
+    if not with_peer:
+        print(f"accelerated-scan rows left out: {reason}")
+    for shape in args.shapes:
+        print(f"\n{'x'.join(map(str, shape))}")
+        for name, fn in calls(shape, device, with_peer).items():
+            print("  " + measure(name, fn, args, cuda), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
