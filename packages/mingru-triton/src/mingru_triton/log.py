@@ -8,8 +8,11 @@ Ops (namespace ``mingru``):
   space and of any sign: max(h0, 0) enters the log-space scan as log h0 and min(h0, 0) decays as
   exp(sum lc) min(h0, 0), both in the same pass. ``log_recurrence_bwd`` is its adjoint.
 
-The forward scans pairs (s, l) = (sum of lc, log of the zero-start state) with the associative combine
-(s1, l1) then (s2, l2) -> (s1 + s2, logaddexp(l1 + s2, l2)), so no running product is ever exponentiated.
+The forward decides per tile of (block_t steps x block_d channels). A tile whose lc are all <= 0 (every
+a_t <= 1) is scanned in linear space: a = exp(lc), b = exp(lb), the linear combine, the carry kept as a log;
+no running product there exceeds 1. Any other tile scans pairs (s, l) = (sum of lc, log of the zero-start
+state) with the combine (s1, l1) then (s2, l2) -> (s1 + s2, logaddexp(l1 + s2, l2)), so a growing product
+is never exponentiated. ``force_log_space`` takes the second path for every tile.
 The backward runs in linear space, lam_t = g_t + a_{t+1} lam_{t+1}, so -inf inputs give exact zeros.
 
 Two strategies, picked by :func:`_plan` from the shapes: "sequential" (one program per (row, channel
@@ -386,7 +389,7 @@ def _plan(
     CUDA and 16 for CPU tensors (the interpreter scans element by element).
     Sequential when those programs number >= 2 per SM or T spans <= 4 tiles; otherwise chunked, with
     32-channel tiles and 4 warps, and enough chunks (each >= 2 tiles, at most 256) to give about 4
-    programs per SM. (The same tiles as the k = 1 kernel's, whose loop this one shares.)
+    programs per SM. These are the k = 1 kernel's tiles (see :func:`mingru_triton.linear.scan_plan`).
     """
     block_d = min(16 if itemsize <= 2 else 8, next_pow2(max(width, 1)))
     block_t = min(max(16, 2048 // block_d), max_block_t)
