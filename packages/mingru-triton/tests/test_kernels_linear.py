@@ -215,6 +215,19 @@ def test_envelope_and_input_errors() -> None:
         pass
 
 
+def test_host_helpers_match_triton() -> None:
+    """The plans' plain-Python cdiv/next_pow2 give triton.cdiv/next_power_of_2's answers for n >= 1."""
+    import triton
+
+    from mingru_triton._launch import cdiv, next_pow2
+
+    for n in [*range(1, 300), 2**20 - 1, 2**20, 2**20 + 1, 2**31 + 5]:
+        assert next_pow2(n) == triton.next_power_of_2(n), n
+        for d in (1, 2, 3, 7, 16, 132, 528):
+            assert cdiv(n, d) == triton.cdiv(n, d), (n, d)
+    assert cdiv(0, 7) == 0
+
+
 def test_strategy_heuristic() -> None:
     """Sequential when rows x channel blocks fill the GPU or T is short; chunked for long T and few rows."""
     assert linear._strategy(64, 4096, 1024, 1, 4) == "sequential"
