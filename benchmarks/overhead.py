@@ -29,21 +29,14 @@ if "--smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import peers
+import run
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-import mingru_triton
 from mingru_triton import linear, log
 
 SHAPES = "8x16x1024,8x1024x1024,8x16384x1024"
-
-
-def _shape(text: str) -> tuple[int, int, int]:
-    parts = tuple(int(item) for item in text.lower().split("x"))
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"a shape is BxTxD, got {text!r}")
-    return parts  # type: ignore[return-value]
 
 
 def calls(shape: tuple[int, int, int], device: torch.device, with_peer: bool) -> dict[str, Callable[[], Any]]:
@@ -117,14 +110,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.shapes, args.calls = "2x5x3", 2
     elif not torch.cuda.is_available():
         parser.error("the overhead probe times CUDA calls: run it on a GPU, or pass --smoke")
-    args.shapes = [_shape(s) for s in args.shapes.split(",")]
+    args.shapes = [run.parse_shape(s) for s in args.shapes.split(",")]
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    if mingru_triton.available() is not True:
-        print(f"mingru_triton is not available: {mingru_triton.available()}", file=sys.stderr)
+    if run.kernels_missing():
         return 2
     cuda = not args.smoke
     device = torch.device("cuda" if cuda else "cpu")

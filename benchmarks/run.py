@@ -81,6 +81,22 @@ def median_ms(fn: Callable[[], Any], *, cuda: bool, warmup: int, rep: int, tries
     return statistics.median(times)
 
 
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """A "BxTxD" command-line shape."""
+    parts = tuple(int(item) for item in text.lower().split("x"))
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"a shape is BxTxD, got {text!r}")
+    return parts  # type: ignore[return-value]
+
+
+def kernels_missing() -> bool:
+    """True (after printing why to stderr) when the Triton kernels cannot run in this process."""
+    status = mingru.triton_scans.available()
+    if status is not True:
+        print(f"mingru_triton is not available: {status}", file=sys.stderr)
+    return status is not True
+
+
 def copy_ms(nbytes: int, device: torch.device, timer: Callable[[Callable[[], Any]], float]) -> float:
     """The bandwidth floor: ``timer`` of a device copy that reads nbytes/2 and writes nbytes/2."""
     src = torch.empty(max(nbytes // 8, 1), dtype=torch.float32, device=device)

@@ -34,7 +34,6 @@ import torch.nn.functional as F
 import triton
 from torch import Tensor
 
-import mingru_triton
 from mingru_triton import linear, log
 from mingru_triton._launch import num_sms
 
@@ -45,13 +44,6 @@ FIELDS = ("family", "shape", "dtype", "mode", "config", "status", "ms", "x_floor
 
 def _parse_ints(text: str) -> list[int]:
     return [int(item) for item in text.split(",") if item]
-
-
-def _parse_shape(text: str) -> Shape:
-    parts = tuple(int(item) for item in text.lower().split("x"))
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"a shape is BxTxD, got {text!r}")
-    return parts  # type: ignore[return-value]
 
 
 def _inputs(family: str, shape: Shape, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
@@ -219,7 +211,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.chunks = [8]
     elif not torch.cuda.is_available():
         parser.error("the sweep times CUDA kernels: run it on a GPU, or pass --smoke")
-    args.shapes = [_parse_shape(s) for s in args.shapes.split(",")]
+    args.shapes = [run.parse_shape(s) for s in args.shapes.split(",")]
     args.dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     args.modes = args.modes.split(",")
     return args
@@ -227,8 +219,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    if mingru_triton.available() is not True:
-        print(f"mingru_triton is not available: {mingru_triton.available()}", file=sys.stderr)
+    if run.kernels_missing():
         return 2
     sweep = Sweep(args)
     started = time.perf_counter()
