@@ -11,7 +11,6 @@ import torch
 from kernel_cases import HALF_TYPES, assert_close, gates, kernel_device, marked, on_cuda, on_interpreter
 from torch import Tensor
 
-from mingru.min_gru import diag_recurrence
 from mingru.scans.diag import diag_scan_bwd_ref, diag_scan_ref
 
 diag = pytest.importorskip("mingru_triton.diag")
@@ -65,6 +64,13 @@ def _check_scan(shape: Shape, dtype: torch.dtype) -> None:
     # da sums v products per step: scale the tolerance by T v.
     assert_close(da, da64, dtype, T * shape[4], "da")
     assert_close(dB, dB64, dtype, T, "dB")
+
+
+def diag_recurrence(a: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
+    """The eager reference H_t = diag(a_t) H_{t-1} + B_t = Bbar_t + diag(abar_t) H0 (never a kernel: under
+    the interpreter ``mingru.min_gru.diag_recurrence`` would dispatch to the kernels under test)."""
+    abar, Bbar = diag_scan_ref(a, Bm)
+    return Bbar + abar.unsqueeze(-1) * H0.unsqueeze(1)
 
 
 def _check_recurrence(shape: Shape, dtype: torch.dtype) -> None:

@@ -11,7 +11,6 @@ import torch
 from kernel_cases import HALF_TYPES, assert_close, gates, kernel_device, marked, on_cuda, on_interpreter
 from torch import Tensor
 
-from mingru.min_gru import linear_recurrence
 from mingru.scans.linear import linear_scan_bwd_ref, linear_scan_ref
 
 linear = pytest.importorskip("mingru_triton.linear")
@@ -37,6 +36,13 @@ def _inputs(shape: tuple[int, int, int], dtype: torch.dtype, seed: int = 0) -> t
     a = gates(shape, dtype, kernel_device(), generator=gen)
     b = torch.randn(shape, generator=gen, dtype=torch.float64).to(kernel_device(), dtype)
     return a, b
+
+
+def linear_recurrence(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
+    """The eager reference recurrence h_t = a_t h_{t-1} + b_t = Bc_t + A_t h0 (never a kernel: under the
+    interpreter ``mingru.min_gru.linear_recurrence`` would dispatch to the kernels under test)."""
+    A, Bc = linear_scan_ref(a, b)
+    return Bc + A * h0.unsqueeze(1)
 
 
 def _check_scan(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
