@@ -126,6 +126,33 @@ def test_op_on_fake_cuda_tensors_beyond_memory() -> None:
     assert A.shape == Bc.shape == (4, 2**20, 1024)
 
 
+def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At sizes where the k = 1 recurrence and its adjoint take the single-pass kernel (status buffers
+    allocated inside the op), the ops keep their contract on fake CUDA tensors and trace as one node."""
+    from mingru_triton import linear
+
+    plans: list[str] = []
+    original = linear._run_lookback
+
+    def spy(plan: Any, *args: Any, **kwargs: Any) -> None:
+        plans.append(plan.strategy)
+        original(plan, *args, **kwargs)
+
+    monkeypatch.setattr(linear, "_run_lookback", spy)
+    mode = FakeTensorMode()
+    with mode:
+        a = torch.empty(8, 4096, 1024, device="cuda")
+        h0 = torch.empty(8, 1024, device="cuda")
+        h = _op("linear_recurrence_fwd")(a, a, h0)
+        da, db, dh0 = _op("linear_recurrence_bwd")(a, h0, h, h)
+    assert plans == ["lookback", "lookback"]
+    assert h.shape == da.shape == db.shape == (8, 4096, 1024) and dh0.shape == (8, 1024)
+    op = _op("linear_recurrence_fwd")
+    graph = make_fx(lambda x, y, s: op(x, y, s), tracing_mode="fake")(a, a, h0)
+    calls = [n for n in graph.graph.nodes if n.op == "call_function" and n.target is op]
+    assert len(calls) == 1, graph.code
+
+
 @pytest.mark.parametrize("name", FORWARD_OPS)
 def test_make_fx_traces_each_op_as_one_node(name: str) -> None:
     args, kwargs = sample_inputs(name, "cpu")[0]

@@ -16,12 +16,17 @@ from mingru.scans.linear import linear_scan_bwd_ref, linear_scan_ref
 linear = pytest.importorskip("mingru_triton.linear")
 
 
-STRATEGIES = ("sequential", "chunked")
+STRATEGIES = linear.STRATEGIES
 
 
 @contextlib.contextmanager
 def strategy(name: str, length: int = 32) -> Iterator[None]:
-    """Force ``name``; chunked rows of ``length`` steps get chunks that end mid-tile and span tiles."""
+    """Force ``name``; chunked rows of ``length`` steps get chunks that end mid-tile and span tiles, and
+    the single-pass kernel gets short tiles, so a row spans many tiles and the last one is partial."""
+    if name == "lookback":
+        with linear.force_strategy(name, None, 4 if length < 100 else 16):
+            yield
+        return
     if name == "sequential":
         with linear.force_strategy(name):
             yield
@@ -199,6 +204,27 @@ def test_reverse_time_kernels(name: str) -> None:
         assert_close(got, want, torch.float64, 29, what)
 
 
+@pytest.mark.parametrize("every", [3, 21])
+@marked(on_interpreter)
+def test_lookback_combines_summaries(every: int) -> None:
+    """Tiles that publish no final state: the look-back replays the summaries after the nearest one that
+    did (up to 20 of them, several replay steps), and gets the same bits as when every tile publishes."""
+    with linear.sparse_final_states(every), linear.force_strategy("lookback", None, 2):
+        _check_recurrence((2, 60, 3), torch.float64)
+    a, b = _inputs((1, 60, 2), torch.float32)
+    h0 = torch.randn(1, 2).to(a.device)
+    gh = torch.randn_like(b)
+    runs = []
+    for sparse in (1, every):
+        with linear.sparse_final_states(sparse), linear.force_strategy("lookback", None, 2):
+            h = linear.linear_recurrence_fwd(a, b, h0)
+            runs.append((h, *linear.linear_recurrence_bwd(a, h0, h, gh)))
+    for x, y in zip(*runs, strict=True):
+        assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="every must be >= 1, got 0"), linear.sparse_final_states(0):
+        pass
+
+
 @marked(on_interpreter)
 def test_envelope_and_input_errors() -> None:
     a, b = _inputs((2, 4, 3), torch.float32)
@@ -235,7 +261,9 @@ def test_host_helpers_match_triton() -> None:
 
 
 def test_strategy_heuristic() -> None:
-    """Sequential when rows x channel blocks fill the GPU or T is short; chunked for long T and few rows."""
+    """Single pass for enough rows x channel blocks and long T where no running product is needed;
+    otherwise sequential when rows x channel blocks fill the GPU or T is short, chunked for long T and few
+    rows."""
     assert linear._strategy(64, 4096, 1024, 1, 4) == "sequential"
     assert linear._strategy(1, 1000, 16, 1, 4) == "sequential"
     assert linear._strategy(1, 1 << 20, 16, 1, 4) == "chunked"
@@ -248,6 +276,17 @@ def test_strategy_heuristic() -> None:
         assert plan.strategy == "sequential" and plan.num_warps == 1
         assert (plan.block_j, plan.block_t) == (block_j, 2048 // block_j)
     assert linear.scan_plan(1, 8192, 2048, 1, 4).strategy == "chunked"  # 256 narrow programs < 2 x 132
+    # the single-pass kernel, for scans without a running product: 16-byte rows per lane, 16 steps
+    for itemsize, block_j in ((4, 128), (2, 256), (8, 64)):
+        plan = linear.scan_plan(8, 16384, 1024, 1, itemsize, single_pass=True)
+        assert (plan.strategy, plan.block_j, plan.block_t, plan.num_warps) == ("lookback", block_j, 16, 1)
+        assert plan.num_chunks == 1024 and plan.num_jblocks == 1024 // block_j
+    assert linear.scan_plan(1, 8192, 2048, 1, 4, single_pass=True).strategy == "lookback"  # 16 chains
+    assert linear.scan_plan(1, 8192, 2048, 1, 2, single_pass=True).strategy == "chunked"  # 8 chains
+    assert linear.scan_plan(1, 65536, 256, 1, 4, single_pass=True).strategy == "chunked"  # 2 chains
+    assert linear.scan_plan(8, 2048, 1024, 1, 2, single_pass=True).strategy == "lookback"
+    assert linear.scan_plan(8, 1024, 1024, 1, 4, single_pass=True).strategy == "sequential"  # short T
+    assert linear.scan_plan(8, 16384, 1024, 4, 4, single_pass=True).strategy == "sequential"  # v > 1
     assert linear.scan_plan(1, 8, 3, 1, 4)[1:5] == (256, 4, 1, 1)  # block_j <= next_pow2(D)
     assert linear.scan_plan(8, 16384, 1024, 1, 4, max_block_t=64).block_t == 64  # CPU tensors
     diag = linear.scan_plan(4, 100, 8, 48, 4)
@@ -259,7 +298,7 @@ def test_strategy_heuristic() -> None:
 # CUDA (real sizes)
 # ---------------------------------------------------------------------------------------------------------
 
-CUDA_SHAPES = [(8, 4096, 512), (2, 1 << 16, 257), (1, 1 << 20, 16), (1, 100_003, 64)]
+CUDA_SHAPES = [(8, 4096, 512), (4, 5000, 1030), (2, 1 << 16, 257), (1, 1 << 20, 16), (1, 100_003, 64)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -287,6 +326,28 @@ def test_cuda_gradcheck_fp64(name: str) -> None:
     with linear.force_strategy(name, 4, 2):
         assert torch.autograd.gradcheck(linear.linear_scan_fwd, (a, b))
         assert torch.autograd.gradcheck(linear.linear_recurrence_fwd, (a, b, h0))
+
+
+@marked(on_cuda)
+def test_cuda_lookback_is_repeatable() -> None:
+    """The single-pass kernel's results do not depend on which tiles finished first: repeated calls on
+    many in-flight tiles (gates near 1, so carries matter) give the same bits, forward and backward."""
+    shape = (8, 16384, 1024)
+    assert linear.scan_plan(8, 16384, 1024, 1, 4, single_pass=True).strategy == "lookback"
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = 1 - 1e-3 * torch.rand(shape, device="cuda", generator=gen)
+    b = torch.randn(shape, device="cuda", generator=gen)
+    h0 = torch.randn(shape[0], shape[2], device="cuda", generator=gen)
+    gh = torch.randn(shape, device="cuda", generator=gen)
+    first = None
+    for _ in range(5):
+        h = linear.linear_recurrence_fwd(a, b, h0)
+        run = (h, *linear.linear_recurrence_bwd(a, h0, h, gh))
+        if first is None:
+            first = run
+        else:
+            for x, y in zip(first, run, strict=True):
+                assert torch.equal(x, y)
 
 
 @marked(on_cuda)
