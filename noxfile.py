@@ -179,9 +179,9 @@ WHEELS = ROOT / ".whl"
 
 @nox.session
 def bench_smoke(session: nox.Session) -> None:
-    """The benchmark runner, the launch-configuration sweep and the host-overhead probe on tiny shapes on
-    the CPU (kernels under the Triton interpreter): they run, check results and print their tables. Timings
-    here mean nothing; see benchmarks/."""
+    """The benchmark runner, the launch-configuration sweep, the host-overhead probe and the k = 1 strategy
+    timer on tiny shapes on the CPU (kernels under the Triton interpreter): they run, check results and print
+    their tables. Timings here mean nothing; see benchmarks/."""
     torch = DEFAULT_TORCH
     session.install(f"torch=={torch}", TRITON_FOR_TORCH[torch], "numpy", *EDITABLE_BUILD_TOOLS)
     session.install(
@@ -191,6 +191,7 @@ def bench_smoke(session: nox.Session) -> None:
     for family in ("linear", "log"):
         session.run("python", str(ROOT / "benchmarks" / "sweep.py"), "--smoke", "--family", family)
     session.run("python", str(ROOT / "benchmarks" / "overhead.py"), "--smoke")
+    session.run("python", str(ROOT / "benchmarks" / "strategies.py"), "--smoke")
 
 
 @nox.session

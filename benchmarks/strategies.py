@@ -1,0 +1,151 @@
+"""Kernel time of each k = 1 strategy: the layers' recurrence and its adjoint, called directly (no autograd).
+
+For each shape and dtype, ``linear_recurrence_fwd`` and ``linear_recurrence_bwd`` are timed with every
+strategy forced (``lookback``, ``sequential``, ``chunked``) and with the heuristic's own choice ("plan"):
+the median of ``triton.testing.do_bench``, and "x floor", that time over the time a device copy of the
+bytes the op must move takes (forward: read a, b, write h; backward: read a, h, dh, write da, db), measured
+in the same run. accelerated-scan, when installed, is timed on its (B, D, T) layout, forward and
+forward+backward through autograd. Before timing, the single-pass kernel is checked against the sequential
+one (relative difference) and against itself over repeated calls (bitwise). ``--smoke`` runs a tiny shape on
+the CPU under the Triton interpreter: the checks run, the times mean nothing.
+
+    python benchmarks/strategies.py                                 # on a CUDA machine
+    python benchmarks/strategies.py --shapes 8x16384x1024 --dtypes float32
+    python benchmarks/strategies.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import peers
+import run
+import torch
+
+from mingru_triton import linear
+
+SHAPES = "8x1024x1024,8x2048x1024,8x4096x1024,8x16384x1024,8x65536x1024,1x65536x256,1x8192x2048,2x65536x1024"
+
+
+def timer(cuda: bool, rep: int) -> Callable[[Callable[[], Any]], float]:
+    """Milliseconds per call: do_bench's median on CUDA, one wall-clock call otherwise."""
+    if cuda:
+        from triton.testing import do_bench
+
+        return lambda fn: do_bench(fn, warmup=10, rep=rep, return_mode="median")
+
+    def wall(fn: Callable[[], Any]) -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    return wall
+
+
+def check(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, grad: torch.Tensor) -> str:
+    """The single-pass kernel against the sequential one, and against itself over three calls."""
+    with linear.force_strategy("sequential"):
+        h = linear.linear_recurrence_fwd(a, b, h0)
+        want = (h, *linear.linear_recurrence_bwd(a, h0, h, grad))
+    runs = []
+    with linear.force_strategy("lookback"):
+        for _ in range(3):
+            got = linear.linear_recurrence_fwd(a, b, h0)
+            runs.append((got, *linear.linear_recurrence_bwd(a, h0, h, grad)))
+    diff = max(
+        ((x.double() - y.double()).abs().max() / y.double().abs().max().clamp_min(1e-30)).item()
+        for x, y in zip(runs[0], want, strict=True)
+    )
+    same = all(torch.equal(x, y) for other in runs[1:] for x, y in zip(runs[0], other, strict=True))
+    return f"lookback vs sequential: max relative difference {diff:.1e}; repeated calls bitwise equal: {same}"
+
+
+def rows(shape: tuple[int, int, int], dtype: torch.dtype, args: argparse.Namespace, cuda: bool) -> list[str]:
+    device = torch.device("cuda" if cuda else "cpu")
+    gen = torch.Generator(device=device).manual_seed(0)
+    batch, _, width = shape
+    a = (torch.rand(shape, device=device, generator=gen) * 0.5 + 0.5).to(dtype)
+    b = torch.randn(shape, device=device, generator=gen).to(dtype)
+    h0 = torch.randn(batch, width, device=device, generator=gen).to(dtype)
+    grad = torch.randn(shape, device=device, generator=gen).to(dtype)
+    ms = timer(cuda, args.rep)
+    n = a.numel()
+    floors = [ms(lambda src=src, dst=dst: dst.copy_(src)) for src, dst in _copies(n, dtype, device)]
+    plan = linear._plan_for(a, 1, single_pass=True).strategy
+    label = f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}"
+    out = [f"{label}: plan {plan}; {check(a, b, h0, grad)}"]
+    h = linear.linear_recurrence_fwd(a, b, h0)
+    for name in ("plan", *linear.STRATEGIES):
+        with linear.force_strategy(name) if name != "plan" else contextlib.nullcontext():
+            fwd = ms(lambda: linear.linear_recurrence_fwd(a, b, h0))
+            bwd = ms(lambda: linear.linear_recurrence_bwd(a, h0, h, grad))
+        out.append(_row(f"mingru {name}", fwd, bwd, floors))
+    if args.peer:
+        a_t, b_t = (x.transpose(1, 2).contiguous() for x in (a, b))
+        leaves = [x.clone().requires_grad_() for x in (a_t, b_t)]
+        grad_t = grad.transpose(1, 2).contiguous()
+        fwd = ms(lambda: peers.accel_scan(a_t, b_t))
+        both = ms(lambda: torch.autograd.grad(peers.accel_scan(*leaves), leaves, grad_t))
+        out.append(_row("accelerated-scan", fwd, both - fwd, floors))
+    return out
+
+
+def _copies(n: int, dtype: torch.dtype, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(source, destination) pairs moving the forward's and the backward's least bytes."""
+    pairs = []
+    for streams in (3, 5):  # forward: a, b, h; backward: a, h, dh, da, db
+        src = torch.empty(streams * n // 2, dtype=dtype, device=device)
+        pairs.append((src, torch.empty_like(src)))
+    return pairs
+
+
+def _row(name: str, fwd: float, bwd: float, floors: list[float]) -> str:
+    both = fwd + bwd
+    return (
+        f"  {name:26} fwd {fwd:9.4f} ms {fwd / floors[0]:6.2f}x   bwd {bwd:9.4f} ms {bwd / floors[1]:6.2f}x"
+        f"   fwd+bwd {both:9.4f} ms {both / sum(floors):6.2f}x"
+    )
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--shapes", default=SHAPES, help="comma-separated BxTxD")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--rep", type=int, default=40, help="do_bench rep in ms")
+    parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, one tiny shape")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.shapes, args.dtypes = "2x40x3", "float32"
+    elif not torch.cuda.is_available():
+        parser.error("the strategy benchmark times CUDA kernels: run it on a GPU, or pass --smoke")
+    args.shapes = [run.parse_shape(s) for s in args.shapes.split(",")]
+    args.dtypes = [getattr(torch, name.strip()) for name in args.dtypes.split(",")]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if run.kernels_missing():
+        return 2
+    cuda = not args.smoke
+    reason = peers.status("accelerated-scan") if cuda else "not timed off CUDA"
+    args.peer = reason is None
+    if not args.peer:
+        print(f"accelerated-scan rows left out: {reason}")
+    for shape in args.shapes:
+        for dtype in args.dtypes:
+            print("\n".join(rows(shape, dtype, args, cuda)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
