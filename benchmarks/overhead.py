@@ -120,10 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cuda = not args.smoke
     device = torch.device("cuda" if cuda else "cpu")
-    reason = peers.status("accelerated-scan") if cuda else "not timed off CUDA"
-    with_peer = reason is None
-    if not with_peer:
-        print(f"accelerated-scan rows left out: {reason}")
+    with_peer = run.peer_wanted("accelerated-scan", cuda)
     for shape in args.shapes:
         print(f"\n{'x'.join(map(str, shape))}")
         for name, fn in calls(shape, device, with_peer).items():

@@ -97,6 +97,14 @@ def kernels_missing() -> bool:
     return status is not True
 
 
+def peer_wanted(name: str, cuda: bool) -> bool:
+    """Whether to time peer ``name`` (installed, on CUDA); prints why not when not."""
+    reason = peers.status(name) if cuda else "not timed off CUDA"
+    if reason is not None:
+        print(f"{name} rows left out: {reason}")
+    return reason is None
+
+
 def copy_ms(nbytes: int, device: torch.device, timer: Callable[[Callable[[], Any]], float]) -> float:
     """The bandwidth floor: ``timer`` of a device copy that reads nbytes/2 and writes nbytes/2."""
     src = torch.empty(max(nbytes // 8, 1), dtype=torch.float32, device=device)

@@ -78,8 +78,8 @@ def rows(shape: tuple[int, int, int], dtype: torch.dtype, args: argparse.Namespa
     h0 = torch.randn(batch, width, device=device, generator=gen).to(dtype)
     grad = torch.randn(shape, device=device, generator=gen).to(dtype)
     ms = timer(cuda, args.rep)
-    n = a.numel()
-    floors = [ms(lambda src=src, dst=dst: dst.copy_(src)) for src, dst in _copies(n, dtype, device)]
+    # forward: read a, b, write h; backward: read a, h, dh, write da, db
+    floors = [run.copy_ms(streams * a.numel() * a.element_size(), device, ms) for streams in (3, 5)]
     plan = linear._plan_for(a, 1, single_pass=True).strategy
     label = f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}"
     out = [f"{label}: plan {plan}; {check(a, b, h0, grad)}"]
@@ -97,15 +97,6 @@ def rows(shape: tuple[int, int, int], dtype: torch.dtype, args: argparse.Namespa
         both = ms(lambda: torch.autograd.grad(peers.accel_scan(*leaves), leaves, grad_t))
         out.append(_row("accelerated-scan", fwd, both - fwd, floors))
     return out
-
-
-def _copies(n: int, dtype: torch.dtype, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(source, destination) pairs moving the forward's and the backward's least bytes."""
-    pairs = []
-    for streams in (3, 5):  # forward: a, b, h; backward: a, h, dh, da, db
-        src = torch.empty(streams * n // 2, dtype=dtype, device=device)
-        pairs.append((src, torch.empty_like(src)))
-    return pairs
 
 
 def _row(name: str, fwd: float, bwd: float, floors: list[float]) -> str:
@@ -137,10 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run.kernels_missing():
         return 2
     cuda = not args.smoke
-    reason = peers.status("accelerated-scan") if cuda else "not timed off CUDA"
-    args.peer = reason is None
-    if not args.peer:
-        print(f"accelerated-scan rows left out: {reason}")
+    args.peer = run.peer_wanted("accelerated-scan", cuda)
     for shape in args.shapes:
         for dtype in args.dtypes:
             print("\n".join(rows(shape, dtype, args, cuda)), flush=True)
