@@ -258,10 +258,13 @@ def _lookback_kernel(
 
     Tiles are taken in launch order from a counter (``flag_ptr[CHAINS * NT]``): tile = k CHAINS + chain,
     chain = (row, channel block), k = the tile's place along the walk. Each tile scans its steps in
-    registers, publishes its summary (coefficient product, end state from 0; status 1), looks back along
-    its chain, summing summaries until it meets a tile whose end state is final (status 2), publishes its
-    own final end state, then writes its outputs. Walk step s sits at time s (L - 1 - s when WALK_REV);
-    SHIFT takes the coefficient one walk step back (0 before the first); DA writes da = h_s * hprev with
+    registers and publishes its summary (coefficient product, end state from 0; status 1). It then walks
+    back along its chain to the nearest tile whose final end state is published (status 2), waiting at a
+    tile with no status yet, replays the REPLAY-at-a-time loaded summaries in between in walk order (the
+    arithmetic of a sequential fold over tiles, so the carry does not depend on timing), publishes its own
+    final end state and writes its outputs. Walk step s sits at time s (L - 1 - s when WALK_REV); SHIFT
+    takes the coefficient one walk step back (1 stands in at the first step: SHIFT needs a zero initial
+    state, as in the adjoint); DA writes da = h_s * hprev with
     hprev the stored state one step into the forward's past (``prev0`` or 0 before t = 1); DINIT writes
     a_first * (final state) from the last tile. SPARSE > 1 (tests) publishes final states only on every
     SPARSE-th tile, so the look-back walks over summaries. Inputs contiguous (R, L, DJ).
@@ -419,8 +422,8 @@ def scan_plan(
     ``single_pass``: the scan needs no running product (X), so for k = 1 the single-pass ``lookback``
     kernel can take it (see :data:`LOOKBACK_MIN_CHAINS`): one warp per tile of BLOCK_J = 32 x (16 bytes
     of channels) channels (128 fp32, 256 bf16/fp16, 64 fp64) x BLOCK_T = 16 rows, each channel's rows in
-    one thread. On an H200 at 8 x 16384 x 1024 its forward+backward ran at 1.3x the copy floor in fp32
-    and 2.1x in bf16, against 1.7x and 3.1x for the sequential plan.
+    one thread. On an H200 at 8 x 16384 x 1024 its forward+backward ran at 1.21x the copy floor in fp32
+    and 2.22x in bf16, against 1.69x and 3.10x for the sequential plan.
 
     k = 1 (v = 1): narrow single-warp programs, BLOCK_J = 8 channels (16 for 2-byte types: 32-byte rows)
     x BLOCK_T = 2048 / BLOCK_J rows (at most 256). Sequential when those programs number >= 2 x SMs or
