@@ -1,5 +1,5 @@
 """The k = 1 linear scan kernels (linear_scan_fwd/_bwd, linear_recurrence_fwd/_bwd) against the float64 eager
-references, under the Triton interpreter (small shapes) and on CUDA (real sizes), with both strategies."""
+references, under the Triton interpreter (small shapes) and on CUDA (real sizes), with every strategy."""
 
 from __future__ import annotations
 
