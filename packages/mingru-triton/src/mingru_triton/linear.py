@@ -29,7 +29,7 @@ and forms da from the stored states of the forward: no division by ``a``, so ``a
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import triton
@@ -295,7 +295,7 @@ def _lookback_kernel(
         a = tl.load(coef_ptr + base + inside, mask=m2, other=1.0)
     a = _acc(a, FP64)
     p, h = tl.associative_scan((a, u), 0, _compose)
-    last = (tl.arange(0, BLOCK_T) == BLOCK_T - 1)[:, None]
+    last = (lanes_t == BLOCK_T - 1)[:, None]
     p_end = tl.sum(tl.where(last, p, 0.0), axis=0)
     h_end = tl.sum(tl.where(last, h, 0.0), axis=0)
     status = flag_ptr + tile
@@ -502,6 +502,7 @@ _FLAGS = (
 )
 
 
+_LOOKBACK_PTRS = ("coef", "u", "init", "hout", "prevh", "prev0", "da", "dinit")
 _LOOKBACK_FLAGS = ("WALK_REV", "SHIFT", "HAS_INIT", "DA", "HAS_PREV0", "DINIT")
 _SPARSE: list[int] = []
 LOOKBACK_REPLAY = 4
@@ -554,30 +555,24 @@ def _plan_for(coef: Tensor, v: int, single_pass: bool = False) -> ScanPlan:
     return scan_plan(rows, length, dj, v, coef.element_size(), sms, max_block_t, single_pass)
 
 
-def _run_lookback(plan: ScanPlan, coef: Tensor, u: Tensor, hout: Tensor, **ptrs_and_flags: Any) -> None:
-    """One launch of :func:`_lookback_kernel` (one program per tile) with its status buffers.
-
-    Keyword tensors: init, prevh, prev0, da, dinit (absent ones get a dummy, never touched); keyword ints:
-    the kernel's flags.
-    """
+def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> None:
+    """One launch of :func:`_lookback_kernel` (one program per tile) with its status buffers, called like
+    :func:`_run`: pointers it does not name get a dummy (never touched); flags it does not take are ignored,
+    those it takes default to 0."""
+    coef = ptrs["coef"]
     rows, length, dj = coef.shape
     chains = rows * plan.num_jblocks
     tiles = chains * plan.num_chunks
     acc = _acc_dtype(coef)
-    flags = torch.zeros(tiles + 1, dtype=torch.int32, device=coef.device)
+    flag_buf = torch.zeros(tiles + 1, dtype=torch.int32, device=coef.device)
     agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
     inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
-    names = ("init", "prevh", "prev0", "da", "dinit")
-    tensors = [ptrs_and_flags.pop(name, None) for name in names]
-    args = [coef if x is None else x for x in tensors]
-    meta = {name: int(ptrs_and_flags.pop(name, 0)) for name in _LOOKBACK_FLAGS}
-    if ptrs_and_flags:
-        raise TypeError(f"unknown arguments {sorted(ptrs_and_flags)}")
+    args = [ptrs.get(name, coef) for name in _LOOKBACK_PTRS]
+    meta = {name: int(flags.get(name, 0)) for name in _LOOKBACK_FLAGS}
     launch(
-        _lookback_kernel, (tiles,), coef, u, args[0], hout, *args[1:], agg, inc, flags, length, dj,
-        plan.num_jblocks, chains, plan.num_chunks, **meta, SPARSE=_SPARSE[-1] if _SPARSE else 1,
-        REPLAY=LOOKBACK_REPLAY, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j,
-        FP64=is_fp64(coef), num_warps=plan.num_warps,
+        _lookback_kernel, (tiles,), *args, agg, inc, flag_buf, length, dj, plan.num_jblocks, chains,
+        plan.num_chunks, **meta, SPARSE=_SPARSE[-1] if _SPARSE else 1, REPLAY=LOOKBACK_REPLAY,
+        BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef), num_warps=plan.num_warps,
     )  # fmt: skip
 
 
@@ -596,14 +591,13 @@ def scan_forward(
     rows, length, dj = coef.shape
     plan = _plan_for(coef, v, single_pass=not want_x)
     hout = torch.empty_like(u)
-    if plan.strategy == "lookback":
-        inits = {"init": init} if init is not None else {}
-        _run_lookback(plan, coef, u, hout, **inits, WALK_REV=int(reverse), HAS_INIT=int(init is not None))
-        return None, hout
     xout = torch.empty_like(coef) if want_x else None
     outs = {"hout": hout, **({"xout": xout} if xout is not None else {})}
     inits = {"init": init} if init is not None else {}
     flags = {"X_ONE": 1, "WRITE_X": int(want_x), "WRITE_H": 1, "HAS_INIT": int(init is not None)}
+    if plan.strategy == "lookback":
+        _run_lookback(plan, {"coef": coef, "u": u, **inits, **outs}, WALK_REV=int(reverse), **flags)
+        return None, hout
     if plan.strategy == "sequential":
         _run(plan, {"coef": coef, "u": u, **inits, **outs}, rows, length, dj, v, length, 1,
              WALK_REV=int(reverse), **flags)  # fmt: skip
@@ -646,12 +640,6 @@ def scan_backward(
     du = torch.empty_like(grad_h)
     dinit = torch.empty((rows, dj * v), dtype=coef.dtype, device=coef.device) if want_dinit else None
     walk = int(not reverse)
-    if plan.strategy == "lookback":
-        extra = {"prev0": prev0} if prev0 is not None else {}
-        extra.update({"dinit": dinit} if dinit is not None else {})
-        _run_lookback(plan, coef, grad_h, du, prevh=prev_h, da=da, **extra, WALK_REV=walk, SHIFT=1, DA=1,
-                      HAS_PREV0=int(prev0 is not None), DINIT=int(want_dinit))  # fmt: skip
-        return da, du, dinit
     has_ux = grad_x is not None
     ux = {"ux": grad_x} if grad_x is not None else {}
     reads = {"prevh": prev_h, **({"prevx": prev_x} if prev_x is not None else {})}
@@ -659,6 +647,9 @@ def scan_backward(
     outs = {"hout": du, "da": da, **({"dinit": dinit} if dinit is not None else {})}
     flags = {"WRITE_H": 1, "DA": 1, "PREV_X": int(prev_x is not None), "HAS_PREV0": int(prev0 is not None),
              "DINIT": int(want_dinit), "HAS_UX": int(has_ux)}  # fmt: skip
+    if plan.strategy == "lookback":
+        _run_lookback(plan, {"coef": coef, "u": grad_h, **reads, **outs}, WALK_REV=walk, SHIFT=1, **flags)
+        return da, du, dinit
     if plan.strategy == "sequential":
         _run(plan, {"coef": coef, "u": grad_h, **ux, **reads, **outs}, rows, length, dj, v, length, 1,
              WALK_REV=walk, SHIFT=1, **flags)  # fmt: skip
