@@ -436,7 +436,7 @@ def log_envelope(log_coeffs: Tensor, values: Tensor) -> str | None:
     batch, steps, width = log_coeffs.shape
     if steps > _MAX_STEPS:
         return f"T must be < 2^31 for the log-scan kernel, got T={steps}"
-    plan = _plan(batch, steps, width)
+    plan = _plan(batch, steps, width, itemsize=log_coeffs.element_size())
     programs = batch * cdiv(width, plan.block_d) * plan.n_chunks
     if programs > _MAX_GRID:
         return (
