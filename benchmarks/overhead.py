@@ -8,18 +8,24 @@ accelerated-scan when installed) is timed three ways on CUDA:
 - ``do_bench``: the median of ``triton.testing.do_bench`` (what ``bench.py`` reports);
 - ``graph``: the median of ``triton.testing.do_bench_cudagraph`` (replayed from a CUDA graph: GPU time only).
 
-``wall`` well above ``graph`` at a small shape means the call is bound by host time. ``--smoke`` runs on the
+``wall`` well above ``graph`` at a small shape means the call is bound by host time. ``--profile NAME`` adds a
+``cProfile`` table (the functions with the most own time) of the calls whose name contains NAME, to show
+where that host time goes. ``--smoke`` runs on the
 CPU under the Triton interpreter with wall times only (they mean nothing; CI checks that the script runs).
 
     python benchmarks/overhead.py                                   # on a CUDA machine
     python benchmarks/overhead.py --shapes 8x16x1024,8x1024x1024 --calls 500
+    python benchmarks/overhead.py --shapes 8x1024x1024 --profile "k=1 fwd+bwd"
     python benchmarks/overhead.py --smoke
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -99,11 +105,30 @@ def measure(name: str, fn: Callable[[], Any], args: argparse.Namespace, cuda: bo
     return f"{name:28} wall {wall:10.1f} us   do_bench {bench:10.1f} us   graph {graph}"
 
 
+def profile(fn: Callable[[], Any], n: int, cuda: bool, top: int = 22) -> str:
+    """The ``top`` functions by own time over ``n`` calls of ``fn`` (after warm-up), as pstats prints them."""
+    for _ in range(min(n, 10)):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--shapes", default=SHAPES, help="comma-separated BxTxD")
     parser.add_argument("--calls", type=int, default=300, help="calls in the wall-clock loop")
     parser.add_argument("--rep", type=int, default=30, help="do_bench rep in ms")
+    parser.add_argument("--profile", default=None, metavar="NAME", help="cProfile calls named like NAME")
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, one tiny shape")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -125,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n{'x'.join(map(str, shape))}")
         for name, fn in calls(shape, device, with_peer).items():
             print("  " + measure(name, fn, args, cuda), flush=True)
+            if args.profile is not None and args.profile in name:
+                print(profile(fn, args.calls, cuda), flush=True)
     return 0
 
 

@@ -1,7 +1,8 @@
 """Launch-configuration sweep of the k = 1 and log-space kernels: the tile, warps and strategy a shape wants.
 
 For each shape and dtype, every configuration of the grid (channels per program, tile elements, warps, and
-for few rows the chunked strategy with several chunk lengths) replaces the kernel's own plan for one
+for few rows the chunked strategy with several chunk lengths; for the linear family also the single-pass
+kernel's tiles, channels x steps) replaces the kernel's own plan for one
 ``linear_recurrence_fwd`` / ``log_recurrence_fwd`` call (forward, or forward + backward). Each result is
 checked against the call with the kernel's own plan, then timed (median of ``triton.testing.do_bench``)
 and divided by the time of a device copy of the least bytes the call must move. Prints the best
@@ -86,6 +87,16 @@ def _configs(
             else:
                 plan = log._Plan(strategy, block_t, block_d, warps, chunk, n_chunks)
             yield label, plan
+    if family != "linear":
+        return
+    for block_d, block_t, warps in itertools.product(args.lookback_d, args.lookback_t, args.lookback_w):
+        if block_d > triton.next_power_of_2(width) or (warps > 1 and block_d < 32 * warps):
+            continue
+        d_blocks, n_tiles = triton.cdiv(width, block_d), triton.cdiv(steps, block_t)
+        yield (
+            f"lookback d{block_d} t{block_t} w{warps}",
+            linear.ScanPlan("lookback", block_t, block_d, 1, warps, block_t, n_tiles, d_blocks),
+        )
 
 
 @contextlib.contextmanager
@@ -169,7 +180,7 @@ class Sweep:
         rows.append({**own, "ms": own_ms, "x_floor": own_ms / floor})
         configs = list(_configs(self.args, family, shape, self.device))
         if self.args.smoke:
-            configs = configs[:2]
+            configs = configs[:1] + configs[-1:]  # the first grid configuration and the last (lookback)
         for label, plan in configs:
             row = {**base, "config": label}
             try:
@@ -199,6 +210,24 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tile", type=_parse_ints, default=_parse_ints("1024,2048,4096,8192"))
     parser.add_argument("--warps", type=_parse_ints, default=_parse_ints("1,2,4,8"))
     parser.add_argument("--chunks", type=_parse_ints, default=_parse_ints("1024,4096"))
+    parser.add_argument(
+        "--lookback-d",
+        type=_parse_ints,
+        default=_parse_ints("64,128,256"),
+        help="channels per tile of the single-pass (lookback) configurations; linear only",
+    )
+    parser.add_argument(
+        "--lookback-t",
+        type=_parse_ints,
+        default=_parse_ints("8,16,32"),
+        help="steps per tile of the single-pass configurations (empty: none)",
+    )
+    parser.add_argument(
+        "--lookback-w",
+        type=_parse_ints,
+        default=_parse_ints("1"),
+        help="warps per tile of the single-pass configurations",
+    )
     parser.add_argument("--rep", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--top", type=int, default=5, help="best configurations printed per case")
@@ -208,7 +237,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         args.shapes, args.dtypes, args.block_d, args.tile, args.warps = "2x20x12", "float32", [8], [64], [1]
-        args.chunks = [8]
+        args.chunks, args.lookback_d, args.lookback_t = [8], [16], [4]
     elif not torch.cuda.is_available():
         parser.error("the sweep times CUDA kernels: run it on a GPU, or pass --smoke")
     args.shapes = [run.parse_shape(s) for s in args.shapes.split(",")]
