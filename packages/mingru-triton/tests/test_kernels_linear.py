@@ -276,13 +276,14 @@ def test_strategy_heuristic() -> None:
         assert plan.strategy == "sequential" and plan.num_warps == 1
         assert (plan.block_j, plan.block_t) == (block_j, 2048 // block_j)
     assert linear.scan_plan(1, 8192, 2048, 1, 4).strategy == "chunked"  # 256 narrow programs < 2 x 132
-    # the single-pass kernel, for scans without a running product: 16-byte rows per lane, 16 steps
-    for itemsize, block_j in ((4, 128), (2, 256), (8, 64)):
+    # the single-pass kernel, for scans without a running product: 4 channels per lane (2 for 8-byte types)
+    for itemsize, block_j in ((4, 128), (2, 128), (8, 64)):
         plan = linear.scan_plan(8, 16384, 1024, 1, itemsize, single_pass=True)
         assert (plan.strategy, plan.block_j, plan.block_t, plan.num_warps) == ("lookback", block_j, 16, 1)
         assert plan.num_chunks == 1024 and plan.num_jblocks == 1024 // block_j
     assert linear.scan_plan(1, 8192, 2048, 1, 4, single_pass=True).strategy == "lookback"  # 16 chains
-    assert linear.scan_plan(1, 8192, 2048, 1, 2, single_pass=True).strategy == "chunked"  # 8 chains
+    assert linear.scan_plan(1, 8192, 2048, 1, 2, single_pass=True).strategy == "lookback"  # 16 chains
+    assert linear.scan_plan(1, 8192, 1024, 1, 2, single_pass=True).strategy == "chunked"  # 8 chains
     assert linear.scan_plan(1, 65536, 256, 1, 4, single_pass=True).strategy == "chunked"  # 2 chains
     assert linear.scan_plan(8, 2048, 1024, 1, 2, single_pass=True).strategy == "lookback"
     assert linear.scan_plan(8, 1024, 1024, 1, 4, single_pass=True).strategy == "sequential"  # short T

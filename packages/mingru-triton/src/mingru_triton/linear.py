@@ -10,8 +10,8 @@ an adjoint of it) and the b-like state H.
 Strategies (chosen by :func:`scan_plan`, forced in tests by :func:`force_strategy`):
 
 - ``lookback`` (single pass, k = 1 scans that need no running product: the layers' recurrence and its
-  adjoint): :func:`_lookback_kernel`, one program per tile of 16 steps x one 16-byte vector of channels
-  per lane, every channel's steps in one thread (no cross-lane scan). Tiles are handed out in order; each
+  adjoint): :func:`_lookback_kernel`, one program per tile of 16 steps x 4 channels per lane (2 for
+  float64), every channel's steps in one thread (no cross-lane scan). Tiles are handed out in order; each
   publishes its summary, walks back along its row to the nearest tile with a published end state and
   replays the summaries in between in order (so the bits never depend on timing), then publishes its own
   end state. Inputs are read once and outputs written once; the status costs 12 bytes per channel per
@@ -369,8 +369,8 @@ LOOKBACK_MIN_LENGTH = 2048
 """The single-pass kernel runs when rows x channel blocks >= LOOKBACK_MIN_CHAINS and T >= LOOKBACK_MIN_LENGTH.
 With fewer chains, hundreds of tiles of one chain are in flight and each walks back over many of them; with
 short T the fixed cost per tile is not repaid. H200, forward+backward over the copy floor: 2 x 65536 x 1024
-bf16 (8 chains) 5.7x against 4.9x for the chunked plan, fp32 (16 chains) 1.4x against 2.8x; 8 x 2048 x 1024
-fp32 1.3x against 1.6x for the sequential plan."""
+(16 chains) fp32 1.4x and bf16 2.4x-2.6x, against 2.8x and 4.9x for the chunked plan; with 256-channel bf16
+tiles (8 chains) 5.7x; 8 x 2048 x 1024 fp32 1.3x against 1.6x for the sequential plan."""
 
 
 class ScanPlan(NamedTuple):
@@ -420,10 +420,11 @@ def scan_plan(
     """Choose tiles and strategy for ``rows`` rows of ``length`` steps, ``dj`` coefficient channels x ``v``.
 
     ``single_pass``: the scan needs no running product (X), so for k = 1 the single-pass ``lookback``
-    kernel can take it (see :data:`LOOKBACK_MIN_CHAINS`): one warp per tile of BLOCK_J = 32 x (16 bytes
-    of channels) channels (128 fp32, 256 bf16/fp16, 64 fp64) x BLOCK_T = 16 rows, each channel's rows in
-    one thread. On an H200 at 8 x 16384 x 1024 its forward+backward ran at 1.21x the copy floor in fp32
-    and 2.22x in bf16, against 1.69x and 3.10x for the sequential plan.
+    kernel can take it (see :data:`LOOKBACK_MIN_CHAINS`): one warp per tile of BLOCK_J = 128 channels (64
+    for fp64: 16 bytes per lane in fp32, 8 in bf16/fp16) x BLOCK_T = 16 rows, each channel's rows in one
+    thread. On an H200 at 8 x 16384 x 1024 its forward+backward ran at 1.21x the copy floor in fp32 and
+    1.90x in bf16, against 1.69x and 3.10x for the sequential plan (and 2.25x for bf16 tiles of 256
+    channels, 16 bytes per lane, whose 16 x 8 values per input and lane spill registers).
 
     k = 1 (v = 1): narrow single-warp programs, BLOCK_J = 8 channels (16 for 2-byte types: 32-byte rows)
     x BLOCK_T = 2048 / BLOCK_J rows (at most 256). Sequential when those programs number >= 2 x SMs or
@@ -443,7 +444,7 @@ def scan_plan(
     block_v = next_pow2(max(v, 1))
     forced = _FORCED[-1] if _FORCED else None
     if block_v == 1 and single_pass and (forced is None or forced[0] == "lookback"):
-        block_j = min(32 * max(1, 16 // itemsize), next_pow2(max(dj, 1)))
+        block_j = min(32 * (16 // max(itemsize, 4)), next_pow2(max(dj, 1)))
         njb = cdiv(max(dj, 1), block_j)
         if forced is not None or (rows * njb >= LOOKBACK_MIN_CHAINS and length >= LOOKBACK_MIN_LENGTH):
             block_t = (forced[2] if forced is not None else None) or 16
