@@ -127,8 +127,9 @@ def test_op_on_fake_cuda_tensors_beyond_memory() -> None:
 
 
 def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At sizes where the k = 1 recurrence and its adjoint take the single-pass kernel (status buffers
-    allocated inside the op), the ops keep their contract on fake CUDA tensors and trace as one node."""
+    """At sizes where the k = 1 recurrence and its adjoint (and the log recurrence's adjoint) take the
+    single-pass kernel (status buffers allocated inside the op), the ops keep their contract on fake CUDA
+    tensors and trace as one node."""
     from mingru_triton import linear
 
     plans: list[str] = []
@@ -145,8 +146,10 @@ def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) ->
         h0 = torch.empty(8, 1024, device="cuda")
         h = _op("linear_recurrence_fwd")(a, a, h0)
         da, db, dh0 = _op("linear_recurrence_bwd")(a, h0, h, h)
-    assert plans == ["lookback", "lookback"]
-    assert h.shape == da.shape == db.shape == (8, 4096, 1024) and dh0.shape == (8, 1024)
+        d_lc, d_lb, d_h0 = _op("log_recurrence_bwd")(a, a, h0, h, h)
+    assert plans == ["lookback", "lookback", "lookback"]
+    assert h.shape == da.shape == db.shape == d_lc.shape == d_lb.shape == (8, 4096, 1024)
+    assert dh0.shape == d_h0.shape == (8, 1024)
     op = _op("linear_recurrence_fwd")
     graph = make_fx(lambda x, y, s: op(x, y, s), tracing_mode="fake")(a, a, h0)
     calls = [n for n in graph.graph.nodes if n.op == "call_function" and n.target is op]

@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 from kernel_cases import HALF_TYPES, assert_close, kernel_device, on_cuda, on_interpreter
 
 from mingru.scans.log import parallel_scan_log_ref, safe_log
+from mingru_triton import linear
 from mingru_triton import log as log_kernels
 from mingru_triton.log import (
     force_log_space,
@@ -247,6 +248,45 @@ class TestInterpreter:
         torch.testing.assert_close(d_lb, inputs[1].grad.flip(1), rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(d_h0, h0_ref.grad, rtol=1e-10, atol=1e-10)
 
+    def test_recurrence_adjoint_runs_single_pass(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Under force_strategy("lookback") the adjoint of log_recurrence_fwd runs the single-pass k = 1
+        kernel with exp(lc) as the coefficient (parallel_scan_log_fwd, log h0 in its values, keeps the log
+        kernel), and a look-back that replays summaries gives the same bits as one that does not."""
+        flags: list[dict[str, int]] = []
+        original = linear._run_lookback
+
+        def spy(plan: linear.ScanPlan, ptrs: dict[str, Tensor], **kw: int) -> None:
+            flags.append(kw)
+            original(plan, ptrs, **kw)
+
+        monkeypatch.setattr(linear, "_run_lookback", spy)
+        device = kernel_device()
+        log_coeffs, log_values = log_inputs((2, 70, 5), torch.float32, device)
+        log_coeffs[1, 30:33] = NEG_INF
+        log_values[0, 40:, 2] = NEG_INF
+        h0 = signed_h0(2, 5, torch.float32, device)
+        with force_strategy("lookback"):
+            check_recurrence(log_coeffs, log_values[:, 1:], h0, "lookback adjoint")
+            assert [f["LOG_GRADS"] for f in flags] == [1]
+            check_log_scan(log_coeffs, log_values, "lookback, log h0")
+        assert len(flags) == 1
+        # 2-step tiles (35 per row); with every 4th publishing its final state the walks replay summaries
+        runs = []
+        grad = torch.randn_like(log_coeffs)
+        for every in (1, 4):
+            with linear.sparse_final_states(every), linear.force_strategy("lookback", None, 2):
+                h = torch.empty_like(log_coeffs)
+                outs = (torch.empty_like(h), torch.empty_like(h), torch.zeros_like(h0))
+                log_kernels._scan_fwd(
+                    log_coeffs, log_values[:, 1:], h0, h, b_shift=0, lean=True, reverse=False
+                )
+                log_kernels._scan_bwd(log_coeffs, log_values[:, 1:].contiguous(), h0, h, grad, *outs,
+                                      b_shift=0, reverse=False)  # fmt: skip
+                runs.append(outs)
+        assert len(flags) == 3
+        for x, y in zip(*runs, strict=True):
+            assert torch.equal(x, y)
+
     def test_unused_output_grad(self) -> None:
         log_coeffs, log_values = log_inputs((1, 3, 2), torch.float32, kernel_device())
         lc = log_coeffs.requires_grad_()
@@ -279,6 +319,20 @@ class TestInterpreter:
 )
 def test_strategy_heuristic(shape: tuple[int, int, int], expected: str) -> None:
     assert log_kernels._strategy(*shape) == expected
+
+
+def test_single_pass_adjoint_heuristic() -> None:
+    """The adjoint of log_recurrence_fwd takes the k = 1 single-pass plan where that heuristic does."""
+    big = torch.empty((8, 16384, 1024), device="meta")
+    plan = log_kernels._single_pass_plan(big)
+    assert plan is not None and (plan.strategy, plan.block_j, plan.block_t) == ("lookback", 128, 16)
+    assert log_kernels._single_pass_plan(torch.empty((8, 1024, 1024), device="meta")) is None  # short T
+    assert log_kernels._single_pass_plan(torch.empty((1, 65536, 256), device="meta")) is None  # 2 chains
+    with force_strategy("sequential"):
+        assert log_kernels._single_pass_plan(big) is None
+    with force_strategy("lookback"):
+        assert log_kernels._single_pass_plan(torch.empty((1, 3, 2), device="meta")) is not None
+        assert log_kernels._plan(1, 2**20, 64).strategy == "chunked"  # the forward keeps its own plan
 
 
 def test_plan_tiles_and_chunks() -> None:
@@ -350,8 +404,12 @@ class TestCuda:
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_both_strategies_agree_with_reference(self, strategy: str) -> None:
+        h0 = signed_h0(3, 200, torch.float32, torch.device("cuda"))
         with force_strategy(strategy):
             check_log_scan(*_cuda_case((3, 20000, 200), torch.float32), strategy)
+            for dtype in (torch.float32, torch.bfloat16):
+                log_coeffs, log_values = _cuda_case((3, 20000, 200), dtype)
+                check_recurrence(log_coeffs, log_values[:, 1:], h0.to(dtype), f"{strategy} {dtype}")
 
     def test_float32_relative_error_at_65536_steps(self) -> None:
         """Every state within SPEC's 1e-5 relative error of the float64 answer at T = 65536 (the H200 gave
@@ -368,7 +426,7 @@ class TestCuda:
         h0 = signed_h0(shape[0], shape[2], torch.float64, torch.device("cuda"))
         h0[h0 == 0] = 0.5
         args = [x.requires_grad_() for x in (log_coeffs, log_values, h0)]
-        fast = strategy == "chunked"
+        fast = strategy != "sequential"
         with force_strategy(strategy):
             assert torch.autograd.gradcheck(parallel_scan_log_fwd, tuple(args[:2]), fast_mode=fast)
             assert torch.autograd.gradcheck(

@@ -234,6 +234,7 @@ def _lookback_kernel(
     prev0_ptr,
     da_ptr,
     dinit_ptr,
+    lb_ptr,
     agg_ptr,
     inc_ptr,
     flag_ptr,
@@ -248,6 +249,8 @@ def _lookback_kernel(
     DA: tl.constexpr,
     HAS_PREV0: tl.constexpr,
     DINIT: tl.constexpr,
+    EXP_COEF: tl.constexpr,
+    LOG_GRADS: tl.constexpr,
     SPARSE: tl.constexpr,
     REPLAY: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -266,7 +269,9 @@ def _lookback_kernel(
     takes the coefficient one walk step back (1 stands in at the first step: SHIFT needs a zero initial
     state, as in the adjoint); DA writes da = h_s * hprev with
     hprev the stored state one step into the forward's past (``prev0`` or 0 before t = 1); DINIT writes
-    a_first * (final state) from the last tile. SPARSE > 1 (tests) publishes final states only on every
+    a_first * (final state) from the last tile. EXP_COEF: the coefficient is exp of the stored value (the
+    log scan's adjoint); LOG_GRADS (with DA and EXP_COEF) writes the log scan's gradients: da times a at the
+    same step, and h times exp(lb) in place of h. SPARSE > 1 (tests) publishes final states only on every
     SPARSE-th tile, so the look-back walks over summaries. Inputs contiguous (R, L, DJ).
     """
     tile = tl.atomic_add(flag_ptr + CHAINS * NT, 1).to(tl.int64)
@@ -287,13 +292,16 @@ def _lookback_kernel(
     base = r * L * DJ + t0 * DJ
     m2 = valid[:, None] & mask_j[None, :]
     u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
+    pad = 0.0 if EXP_COEF else 1.0  # the stored coefficient that stands for 1
     if SHIFT:
         # The first walk step has no coefficient; 1 stands in, harmless since the carry into it is 0.
         qok = valid & (step0 + lanes_t > 0)
-        a = tl.load(coef_ptr + base - dstep + inside, mask=qok[:, None] & mask_j[None, :], other=1.0)
+        a = tl.load(coef_ptr + base - dstep + inside, mask=qok[:, None] & mask_j[None, :], other=pad)
     else:
-        a = tl.load(coef_ptr + base + inside, mask=m2, other=1.0)
+        a = tl.load(coef_ptr + base + inside, mask=m2, other=pad)
     a = _acc(a, FP64)
+    if EXP_COEF:
+        a = tl.exp(a)
     p, h = tl.associative_scan((a, u), 0, _compose)
     last = (lanes_t == BLOCK_T - 1)[:, None]
     p_end = tl.sum(tl.where(last, p, 0.0), axis=0)
@@ -336,7 +344,11 @@ def _lookback_kernel(
         tl.debug_barrier()
         tl.atomic_xchg(status, 2, sem="release")
     h = h + p * carry[None, :]
-    tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
+    if LOG_GRADS:
+        lb = _acc(tl.load(lb_ptr + base + inside, mask=m2, other=float("-inf")), FP64)
+        tl.store(hout_ptr + base + inside, (h * tl.exp(lb)).to(hout_ptr.dtype.element_ty), mask=m2)
+    else:
+        tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
     if DA:
         # The stored state one step into the forward's past: time - 1 when walking back, time + 1 else.
         ptime = t0 - lanes_t - 1 if WALK_REV else t0 + lanes_t + 1
@@ -346,11 +358,16 @@ def _lookback_kernel(
         if HAS_PREV0:
             h0 = _acc(tl.load(prev0_ptr + r * DJ + offs_j, mask=mask_j, other=0.0), FP64)
             hp = tl.where(pok[:, None], hp, h0[None, :])
-        tl.store(da_ptr + base + inside, (h * hp).to(da_ptr.dtype.element_ty), mask=m2)
+        grad = h * hp
+        if LOG_GRADS:
+            grad = grad * tl.exp(_acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64))
+        tl.store(da_ptr + base + inside, grad.to(da_ptr.dtype.element_ty), mask=m2)
     if DINIT:  # noqa: SIM102 (a constexpr test around a runtime one)
         if k == NT - 1:
             first = 0 if WALK_REV else L - 1
             a_first = _acc(tl.load(coef_ptr + r * L * DJ + first * DJ + offs_j, mask=mask_j, other=0.0), FP64)
+            if EXP_COEF:
+                a_first = tl.exp(a_first)
             dinit = (a_first * final).to(dinit_ptr.dtype.element_ty)
             tl.store(dinit_ptr + r * DJ + offs_j, dinit, mask=mask_j)
 
@@ -503,8 +520,8 @@ _FLAGS = (
 )
 
 
-_LOOKBACK_PTRS = ("coef", "u", "init", "hout", "prevh", "prev0", "da", "dinit")
-_LOOKBACK_FLAGS = ("WALK_REV", "SHIFT", "HAS_INIT", "DA", "HAS_PREV0", "DINIT")
+_LOOKBACK_PTRS = ("coef", "u", "init", "hout", "prevh", "prev0", "da", "dinit", "lb")
+_LOOKBACK_FLAGS = ("WALK_REV", "SHIFT", "HAS_INIT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "LOG_GRADS")
 _SPARSE: list[int] = []
 LOOKBACK_REPLAY = 4
 """Summaries one replay step of the single-pass kernel's look-back loads at once."""

@@ -18,6 +18,9 @@ The backward runs in linear space, lam_t = g_t + a_{t+1} lam_{t+1}, so -inf inpu
 Two strategies, picked by :func:`_plan` from the shapes: "sequential" (one program per (row, channel
 block) walks T in tiles, carrying the last state) and "chunked" (T split into chunks: one launch writes
 per-chunk summaries, a second replays each chunk from the carry it composes from the summaries before it).
+The adjoint of ``log_recurrence_fwd`` (h0 in linear space) is a k = 1 recurrence with coefficients exp(lc):
+where the k = 1 heuristic picks the single-pass kernel (:func:`mingru_triton.linear.scan_plan`), that
+kernel runs it, reading the log coefficients and log b directly.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
 from mingru.scans.log import check_log_inputs
+from mingru_triton import linear
 from mingru_triton._launch import (
     DEFAULT_SMS,
     cdiv,
@@ -56,7 +60,7 @@ __all__ = [
     "parallel_scan_log_fwd",
 ]
 
-STRATEGIES = ("sequential", "chunked")
+STRATEGIES = ("sequential", "chunked", "lookback")
 _MAX_GRID = 2**31 - 1
 _MAX_STEPS = 2**31 - 1
 _MAX_CHUNKS = 256
@@ -345,7 +349,9 @@ _forced: list[str] = []
 
 @contextlib.contextmanager
 def force_strategy(name: str) -> Iterator[None]:
-    """Within the block, every log-scan launch uses strategy ``name`` ("sequential" or "chunked")."""
+    """Within the block, every log-scan launch uses strategy ``name`` ("sequential" or "chunked"); with
+    "lookback" the adjoint of :func:`log_recurrence_fwd` runs the single-pass kernel and the other launches
+    keep their own plan."""
     if name not in STRATEGIES:
         raise ValueError(f"name must be one of {STRATEGIES}, got {name!r}")
     _forced.append(name)
@@ -394,7 +400,7 @@ def _plan(
     block_d = min(16 if itemsize <= 2 else 8, next_pow2(max(width, 1)))
     block_t = min(max(16, 2048 // block_d), max_block_t)
     num_warps = 1
-    forced = _forced[-1] if _forced else None
+    forced = _forced[-1] if _forced and _forced[-1] != "lookback" else None
     few = batch * cdiv(width, block_d) < 2 * sms and steps > 4 * block_t
     if forced == "chunked" or (forced is None and few):
         block_d = min(32, next_pow2(max(width, 1)))
@@ -499,6 +505,18 @@ def _scan_fwd(
         launch(_log_fwd_kernel, grid, *args, MODE=0, **meta)
 
 
+def _single_pass_plan(lc: Tensor) -> linear.ScanPlan | None:
+    """The plan of the single-pass k = 1 kernel for the adjoint of :func:`log_recurrence_fwd` (a linear-space
+    recurrence with coefficients exp(lc)), or None where the log kernel's own plan runs: the k = 1 heuristic
+    (:func:`mingru_triton.linear.scan_plan`, single pass), overridden by :func:`force_strategy`."""
+    forced = _forced[-1] if _forced else None
+    if forced in ("sequential", "chunked"):
+        return None
+    with linear.force_strategy("lookback") if forced == "lookback" else contextlib.nullcontext():
+        plan = linear._plan_for(lc, 1, single_pass=True)
+    return plan if plan.strategy == "lookback" else None
+
+
 def _scan_bwd(
     lc: Tensor,
     b: Tensor,
@@ -515,6 +533,13 @@ def _scan_bwd(
     """Write the adjoint of :func:`_scan_fwd` into ``d_lc``, ``d_b``, ``d_h0``; each must have the strides of
     ``lc``, ``b`` and ``h0`` (contiguous rows; ``b`` and ``d_b`` share their batch stride). With ``h0`` None
     (log h0 in slot 0 of ``b``), ``d_h0`` is None and d log h0 goes to slot 0 of ``d_b``."""
+    if h0 is not None and d_h0 is not None and b_shift == 0 and not reverse:
+        single = _single_pass_plan(lc)
+        if single is not None:
+            ptrs = {"coef": lc, "u": grad_h, "prevh": h, "prev0": h0, "hout": d_b, "da": d_lc, "dinit": d_h0}
+            linear._run_lookback(single, {**ptrs, "lb": b}, WALK_REV=1, SHIFT=1, DA=1, HAS_PREV0=1, DINIT=1,
+                                 EXP_COEF=1, LOG_GRADS=1)  # fmt: skip
+            return
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
     grid = (batch * cdiv(width, plan.block_d) * plan.n_chunks,)
