@@ -4,9 +4,11 @@ For every case (op or layer, shape, dtype, mode) and every implementation: a che
 reference on a small case first (a wrong result is reported as ``wrong`` and not timed), then the median of
 ``triton.testing.do_bench`` (warm-up, L2 flushed between runs), the peak memory of one call, the effective
 bandwidth and "x floor": the time over that of a device copy moving the least bytes the op must move,
-measured in the same run. Rows append to a CSV (GPU name and versions on every row); a summary table per case
-gives ours, the best peer, the ratio, x floor and the speed targets. Peers missing here are reported as
-``not installed``.
+measured in the same run. On CUDA each call is also replayed from a CUDA graph (``gpu_ms``: GPU time alone,
+without the host's launch path and without the L2 flush, so inputs that fit in L2 gain from it): where
+``ms`` is well above ``gpu_ms`` the call is bound by host time. Rows append to a CSV (GPU name and versions
+on every row); a summary table per case gives ours, the best peer, the ratio, x floor and the speed targets.
+Peers missing here are reported as ``not installed``.
 
     python benchmarks/bench.py --csv out/bench.csv --summary out/summary.md --plots out/plots
     python benchmarks/bench.py --quick                 # a subset of shapes, shorter reps
@@ -42,7 +44,7 @@ import mingru
 FIELDS = (
     "run", "gpu", "torch", "triton", "mingru", "peers", "group", "op", "shape", "dtype", "mode", "impl",
     "ours", "status", "ms", "gbps", "x_floor", "floor_ms", "peak_mb", "least_mb", "mem_x_least", "check_err",
-    "error", "error_x_rounding", "first_call_s", "note",
+    "error", "error_x_rounding", "first_call_s", "note", "gpu_ms", "gpu_x_floor",
 )  # fmt: skip
 
 CHECK_LIMIT = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3, torch.float64: 1e-9}
@@ -165,6 +167,18 @@ class Runner:
     def time_ms(self, fn: Callable[[], Any]) -> float:
         args = self.args
         return median_ms(fn, cuda=self.cuda, warmup=args.warmup, rep=args.rep, tries=1 if args.smoke else 3)
+
+    def graph_ms(self, fn: Callable[[], Any]) -> tuple[float | None, str]:
+        """Median GPU time of ``fn`` replayed from a CUDA graph, or (None, why not)."""
+        if not self.cuda or not self.args.graph:
+            return None, ""
+        from triton.testing import do_bench_cudagraph
+
+        try:
+            return float(do_bench_cudagraph(fn, rep=self.args.rep, return_mode="median")), ""
+        except Exception as exc:  # a call that cannot be captured (host syncs, CPU work, ...)
+            self.sync()
+            return None, f"no CUDA graph ({type(exc).__name__})"
 
     def floor_ms(self, nbytes: int) -> float:
         """Median time of a device copy reading nbytes/2 and writing nbytes/2 (cached per size)."""
@@ -392,6 +406,11 @@ class Runner:
             self.slow[(case.op, impl.name, _dtype_name(dtype), mode)] = (ms, math.prod(shape))
         else:
             ms = self.time_ms(fn)
+            gpu_ms, why = self.graph_ms(fn)
+            if gpu_ms is not None:
+                row["gpu_ms"] = gpu_ms
+            elif why:
+                row["note"] = "; ".join([*notes, why])
         peak = self.peak_bytes(fn)
         row["ms"] = ms
         if peak is not None:
@@ -407,6 +426,8 @@ class Runner:
             }[mode]
             floor = self.floor_ms(nbytes)
             row.update(gbps=nbytes / ms / 1e6, x_floor=ms / floor, floor_ms=floor)
+            if row.get("gpu_ms") is not None:
+                row["gpu_x_floor"] = row["gpu_ms"] / floor
         return row
 
     def accuracy(self, case: registry.Case, impl: registry.Impl, shape: registry.Shape,
@@ -554,6 +575,7 @@ def summarize(rows: list[dict[str, Any]], with_targets: bool = True) -> list[dic
             lines.append({
                 "case": f"{op} {shape}", "dtype": dtype, "mode": mode, "ours": ours_row["impl"],
                 "status": ours_row["status"], "ms": ours.get("ms"), "x_floor": ours.get("x_floor"),
+                "gpu_ms": ours.get("gpu_ms"), "gpu_x_floor": ours.get("gpu_x_floor"),
                 "mem_x_least": ours.get("mem_x_least"), "error": ours.get("error"),
                 "best_peer": best_name or "-", "peer_ms": best.get("ms") if best else None,
                 "peer_x_floor": best.get("x_floor") if best else None,
@@ -565,7 +587,8 @@ def summarize(rows: list[dict[str, Any]], with_targets: bool = True) -> list[dic
 
 
 def _metrics(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row.get(k) for k in ("ms", "x_floor", "peak_mb", "mem_x_least", "error", "error_x_rounding")}
+    keys = ("ms", "x_floor", "gpu_ms", "gpu_x_floor", "peak_mb", "mem_x_least", "error", "error_x_rounding")
+    return {k: row.get(k) for k in keys}
 
 
 def _peer_cell(row: dict[str, Any]) -> str:
@@ -587,9 +610,9 @@ def render(
         f"Run {run_id} on {env['gpu']}; torch {env['torch']}, triton {env['triton']}, "
         f"mingru {env['mingru']}; peers: {env['peers']}",
         "",
-        "| case | dtype | mode | ours | ours ms | x floor | best peer | peer ms | peer x floor | peer/ours | "
-        "mem x least | targets |",
-        "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
+        "| case | dtype | mode | ours | ours ms | x floor | GPU ms | GPU x floor | best peer | peer ms | "
+        "peer x floor | peer/ours | mem x least | targets |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for ln in lines:
         if ln["mode"] == "acc":
@@ -600,7 +623,8 @@ def render(
             peer_ms = _num(ln["peer_ms"], ".4f")
         out.append(
             f"| {ln['case']} | {ln['dtype']} | {ln['mode']} | {ln['ours']} | {ours_ms} | "
-            f"{_num(ln['x_floor'], '.2f')} | {ln['best_peer']} | {peer_ms} | "
+            f"{_num(ln['x_floor'], '.2f')} | {_num(ln['gpu_ms'], '.4f')} | "
+            f"{_num(ln['gpu_x_floor'], '.2f')} | {ln['best_peer']} | {peer_ms} | "
             f"{_num(ln['peer_x_floor'], '.2f')} | {_num(ln['speedup'], '.2f')} | "
             f"{_num(ln['mem_x_least'], '.2f')} | {ln['targets']} |"
         )
@@ -669,6 +693,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--budget-min", type=float, default=8.5, help="skip what is left after this many minutes"
+    )
+    parser.add_argument(
+        "--no-graph",
+        dest="graph",
+        action="store_false",
+        help="skip the CUDA-graph replay (the GPU ms column)",
     )
     parser.add_argument("--csv", type=Path, default=None, help="append the rows to this CSV")
     parser.add_argument("--summary", type=Path, default=None, help="write the summary table (markdown) here")
