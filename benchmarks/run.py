@@ -4,11 +4,11 @@ For every case (op or layer, shape, dtype, mode) and every implementation: a che
 reference on a small case first (a wrong result is reported as ``wrong`` and not timed), then the median of
 ``triton.testing.do_bench`` (warm-up, L2 flushed between runs), the peak memory of one call, the effective
 bandwidth and "x floor": the time over that of a device copy moving the least bytes the op must move,
-measured in the same run. On CUDA each call is also replayed from a CUDA graph (``gpu_ms``: GPU time alone,
-without the host's launch path and without the L2 flush, so inputs that fit in L2 gain from it): where
-``ms`` is well above ``gpu_ms`` the call is bound by host time. Rows append to a CSV (GPU name and versions
-on every row); a summary table per case gives ours, the best peer, the ratio, x floor and the speed targets.
-Peers missing here are reported as ``not installed``.
+measured in the same run. With ``--graph`` each call is also replayed from a CUDA graph (``gpu_ms``: GPU
+time alone, without the host's launch path and without the L2 flush, so inputs that fit in L2 gain from
+it): where ``ms`` is well above ``gpu_ms`` the call is bound by host time. Rows append to a CSV (GPU name and
+versions on every row); a summary table per case gives ours, the best peer, the ratio, x floor and the speed
+targets. Peers missing here are reported as ``not installed``.
 
     python benchmarks/bench.py --csv out/bench.csv --summary out/summary.md --plots out/plots
     python benchmarks/bench.py --quick                 # a subset of shapes, shorter reps
@@ -695,10 +695,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--budget-min", type=float, default=8.5, help="skip what is left after this many minutes"
     )
     parser.add_argument(
-        "--no-graph",
-        dest="graph",
-        action="store_false",
-        help="skip the CUDA-graph replay (the GPU ms column)",
+        "--graph", action="store_true", help="also replay each call from a CUDA graph (the GPU ms column)"
     )
     parser.add_argument("--csv", type=Path, default=None, help="append the rows to this CSV")
     parser.add_argument("--summary", type=Path, default=None, help="write the summary table (markdown) here")
