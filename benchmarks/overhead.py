@@ -10,8 +10,8 @@ accelerated-scan when installed) is timed three ways on CUDA:
 
 ``wall`` well above ``graph`` at a small shape means the call is bound by host time. ``--profile NAME`` adds a
 ``cProfile`` table (the functions with the most own time) of the calls whose name contains NAME, to show
-where that host time goes. ``--smoke`` runs on the
-CPU under the Triton interpreter with wall times only (they mean nothing; CI checks that the script runs).
+where that host time goes. ``--smoke`` runs on the CPU under the Triton interpreter with wall times only
+(they mean nothing; CI checks that the script runs).
 
     python benchmarks/overhead.py                                   # on a CUDA machine
     python benchmarks/overhead.py --shapes 8x16x1024,8x1024x1024 --calls 500
