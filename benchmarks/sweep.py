@@ -5,8 +5,8 @@ for few rows the chunked strategy with several chunk lengths; for the linear fam
 kernel's tiles, channels x steps x warps) replaces the kernel's own plan for one ``linear_recurrence_fwd`` /
 ``log_recurrence_fwd`` call (forward, or forward + backward). Each result is checked against the call with
 the kernel's own plan, then timed (median of ``triton.testing.do_bench``) and divided by the time of a device
-copy of the least bytes the call must move. Prints the best
-configurations per (shape, dtype) next to the kernel's own plan; ``--csv`` keeps every row.
+copy of the least bytes the call must move. Prints the best configurations per (shape, dtype) next to the
+kernel's own plan; ``--csv`` keeps every row.
 
 python benchmarks/sweep.py --family linear --csv out/sweep_linear.csv
 python benchmarks/sweep.py --family log --dtypes float32 --modes fwd,fwdbwd
