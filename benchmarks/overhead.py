@@ -77,18 +77,29 @@ def calls(shape: tuple[int, int, int], device: torch.device, with_peer: bool) ->
     return found
 
 
-def wall_us(fn: Callable[[], Any], n: int, cuda: bool) -> float:
-    """Microseconds per call over ``n`` back-to-back calls (after a few warm-up calls)."""
+def _run_calls(fn: Callable[[], Any], n: int, cuda: bool, profiler: cProfile.Profile | None = None) -> float:
+    """Seconds for ``n`` back-to-back calls of ``fn`` after a few warm-up calls, synchronised only at the ends
+    (under ``profiler`` when given)."""
     for _ in range(min(n, 10)):
         fn()
     if cuda:
         torch.cuda.synchronize()
+    if profiler is not None:
+        profiler.enable()
     start = time.perf_counter()
     for _ in range(n):
         fn()
     if cuda:
         torch.cuda.synchronize()
-    return (time.perf_counter() - start) / n * 1e6
+    seconds = time.perf_counter() - start
+    if profiler is not None:
+        profiler.disable()
+    return seconds
+
+
+def wall_us(fn: Callable[[], Any], n: int, cuda: bool) -> float:
+    """Microseconds per call over ``n`` back-to-back calls (after a few warm-up calls)."""
+    return _run_calls(fn, n, cuda) / n * 1e6
 
 
 def measure(name: str, fn: Callable[[], Any], args: argparse.Namespace, cuda: bool) -> str:
@@ -107,17 +118,8 @@ def measure(name: str, fn: Callable[[], Any], args: argparse.Namespace, cuda: bo
 
 def profile(fn: Callable[[], Any], n: int, cuda: bool, top: int = 22) -> str:
     """The ``top`` functions by own time over ``n`` calls of ``fn`` (after warm-up), as pstats prints them."""
-    for _ in range(min(n, 10)):
-        fn()
-    if cuda:
-        torch.cuda.synchronize()
     profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(n):
-        fn()
-    if cuda:
-        torch.cuda.synchronize()
-    profiler.disable()
+    _run_calls(fn, n, cuda, profiler)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
     return out.getvalue()

@@ -536,9 +536,18 @@ def _scan_bwd(
     if h0 is not None and d_h0 is not None and b_shift == 0 and not reverse:
         single = _single_pass_plan(lc)
         if single is not None:
-            ptrs = {"coef": lc, "u": grad_h, "prevh": h, "prev0": h0, "hout": d_b, "da": d_lc, "dinit": d_h0}
-            linear._run_lookback(single, {**ptrs, "lb": b}, WALK_REV=1, SHIFT=1, DA=1, HAS_PREV0=1, DINIT=1,
-                                 EXP_COEF=1, LOG_GRADS=1)  # fmt: skip
+            ptrs = {"coef": lc, "u": grad_h, "lb": b, "prevh": h, "prev0": h0, "hout": d_b, "da": d_lc,
+                    "dinit": d_h0}  # fmt: skip
+            flags = {
+                "WALK_REV": 1,
+                "SHIFT": 1,
+                "DA": 1,
+                "HAS_PREV0": 1,
+                "DINIT": 1,
+                "EXP_COEF": 1,
+                "LOG_GRADS": 1,
+            }
+            linear._run_lookback(single, ptrs, **flags)
             return
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
