@@ -505,6 +505,13 @@ def _scan_fwd(
         launch(_log_fwd_kernel, grid, *args, MODE=0, **meta)
 
 
+_SINGLE_PASS_ADJOINT = dict.fromkeys(
+    ("WALK_REV", "SHIFT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "LOG_GRADS"), 1
+)
+"""Flags of :func:`mingru_triton.linear._run_lookback` for the adjoint of :func:`log_recurrence_fwd`: walk
+time backwards with the next step's coefficient exp(lc), and write d lc, d lb and d h0."""
+
+
 def _single_pass_plan(lc: Tensor) -> linear.ScanPlan | None:
     """The plan of the single-pass k = 1 kernel for the adjoint of :func:`log_recurrence_fwd` (a linear-space
     recurrence with coefficients exp(lc)), or None where the log kernel's own plan runs: the k = 1 heuristic
@@ -538,16 +545,7 @@ def _scan_bwd(
         if single is not None:
             ptrs = {"coef": lc, "u": grad_h, "lb": b, "prevh": h, "prev0": h0, "hout": d_b, "da": d_lc,
                     "dinit": d_h0}  # fmt: skip
-            flags = {
-                "WALK_REV": 1,
-                "SHIFT": 1,
-                "DA": 1,
-                "HAS_PREV0": 1,
-                "DINIT": 1,
-                "EXP_COEF": 1,
-                "LOG_GRADS": 1,
-            }
-            linear._run_lookback(single, ptrs, **flags)
+            linear._run_lookback(single, ptrs, **_SINGLE_PASS_ADJOINT)
             return
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
