@@ -40,6 +40,12 @@ def _ops() -> Any:
     return mingru.triton_scans
 
 
+def _layers_path(op: str) -> Callable[..., Any]:
+    """What the layers run for recurrence ``op``: ``RECURRENCE_IMPLS[op]`` (eagerly, the op's bodies in a
+    ``torch.autograd.Function``, without the ``torch.library`` dispatch)."""
+    return lambda *x: _ops().RECURRENCE_IMPLS[op](*x)
+
+
 def _same(*x: Any) -> Inputs:
     return x
 
@@ -283,7 +289,7 @@ def _from_bdt(out: Tensor) -> tuple[Tensor, ...]:
 
 
 def _mingru_k1() -> Impl:
-    return Impl("mingru", lambda a, b, h0: _ops().linear_recurrence_fwd(a, b, h0), ours=True, gpu_only=False)
+    return Impl("mingru", _layers_path("linear"), ours=True, gpu_only=False)
 
 
 K1_PEERS = (
@@ -444,7 +450,7 @@ def build(eager: bool = False, full: bool = False) -> list[Case]:
                 make_log,
                 log_recurrence_ref,
                 (
-                    Impl("mingru", lambda lc, lb, h0: _ops().log_recurrence_fwd(lc, lb, h0), ours=True),
+                    Impl("mingru", _layers_path("log"), ours=True),
                     *LOG_PEERS,
                     *extra(log_recurrence_ref),
                 ),
@@ -463,7 +469,7 @@ def build(eager: bool = False, full: bool = False) -> list[Case]:
             "log_recurrence_fwd",
             make_log,
             log_recurrence_ref,
-            (Impl("mingru", lambda lc, lb, h0: _ops().log_recurrence_fwd(lc, lb, h0), ours=True), *LOG_PEERS),
+            (Impl("mingru", _layers_path("log"), ours=True), *LOG_PEERS),
         ),
         (
             "parallel_scan_log_fwd",
@@ -542,7 +548,7 @@ def build(eager: bool = False, full: bool = False) -> list[Case]:
                 make_affine_state,
                 affine_recurrence_ref,
                 (
-                    Impl("mingru", lambda A, Bm, H0: _ops().affine_recurrence_fwd(A, Bm, H0), ours=True),
+                    Impl("mingru", _layers_path("affine"), ours=True),
                     Impl(
                         "torch associative_scan",
                         peers.assoc_affine_recurrence,

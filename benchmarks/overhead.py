@@ -1,7 +1,8 @@
 """Host overhead per call: where a scan op is bound by Python and launches rather than by the GPU.
 
-For each shape, each call (the k = 1 and log recurrences of mingru, forward and forward+backward, and
-accelerated-scan when installed) is timed three ways on CUDA:
+For each shape, each call (the k = 1 and log recurrences of mingru, forward and forward+backward, on the
+layers' path and, marked "op", through the ``torch.library`` ops; accelerated-scan when installed) is timed
+three ways on CUDA:
 
 - ``wall``: a loop of calls, synchronised only at the ends, over the number of calls (host-bound when the
   host is slower than the GPU);
@@ -61,10 +62,12 @@ def calls(shape: tuple[int, int, int], device: torch.device, with_peer: bool) ->
         return lambda: torch.autograd.grad(op(*inputs), inputs, grad)
 
     found: dict[str, Callable[[], Any]] = {
-        "mingru k=1 fwd": lambda: linear.linear_recurrence_fwd(a, b, h0),
-        "mingru k=1 fwd+bwd": grads(linear.linear_recurrence_fwd, leaves),
-        "mingru log fwd": lambda: log.log_recurrence_fwd(lc, b, h0),
-        "mingru log fwd+bwd": grads(log.log_recurrence_fwd, log_leaves),
+        "mingru k=1 fwd": lambda: linear.recurrence(a, b, h0),
+        "mingru k=1 fwd+bwd": grads(linear.recurrence, leaves),
+        "mingru k=1 fwd+bwd, op": grads(linear.linear_recurrence_fwd, leaves),
+        "mingru log fwd": lambda: log.recurrence(lc, b, h0),
+        "mingru log fwd+bwd": grads(log.recurrence, log_leaves),
+        "mingru log fwd+bwd, op": grads(log.log_recurrence_fwd, log_leaves),
     }
     if with_peer:
         a_t, b_t = (x.transpose(1, 2).contiguous() for x in (a, b))

@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
-from mingru_triton._launch import cdiv, launch, next_pow2, num_sms, on_kernel_device
+from mingru_triton._launch import cdiv, eager_path, launch, next_pow2, num_sms, on_kernel_device
 
 __all__ = [
     "affine_envelope",
@@ -38,6 +38,7 @@ __all__ = [
     "affine_scan_bwd",
     "affine_scan_fwd",
     "force_strategy",
+    "recurrence",
 ]
 
 MAX_K = 32
@@ -592,12 +593,7 @@ def affine_scan_bwd(
     return dA, dB
 
 
-@triton_op("mingru::affine_recurrence_fwd", mutates_args=())
-def affine_recurrence_fwd(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
-    """H_t = A_t H_{t-1} + B_t from H0: A (B, T, n, k, k), Bm (B, T, n, k, v), H0 (B, n, k, v) -> H like Bm.
-
-    Writes only H (no Abar). Raises TypeError/ValueError on bad inputs, ValueError outside the envelope.
-    """
+def _recurrence_fwd(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     _check_operands(A, Bm, "Bm")
     _check_state("H0", H0, A, Bm.shape[-1])
     _check_kernel_inputs(A, Bm)
@@ -607,13 +603,16 @@ def affine_recurrence_fwd(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     return H
 
 
-@triton_op("mingru::affine_recurrence_bwd", mutates_args=())
-def affine_recurrence_bwd(A: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Adjoint of :func:`affine_recurrence_fwd` -> (dA like A, dB like H, dH0 like H0).
+@triton_op("mingru::affine_recurrence_fwd", mutates_args=())
+def affine_recurrence_fwd(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
+    """H_t = A_t H_{t-1} + B_t from H0: A (B, T, n, k, k), Bm (B, T, n, k, v), H0 (B, n, k, v) -> H like Bm.
 
-    L_t = grad_H_t + A_{t+1}^T L_{t+1}; dB_t = L_t, dA_t = L_t H_{t-1}^T (H_0 = H0), dH0 = A_1^T L_1.
-    Raises TypeError/ValueError on bad inputs.
+    Writes only H (no Abar). Raises TypeError/ValueError on bad inputs, ValueError outside the envelope.
     """
+    return _recurrence_fwd(A, Bm, H0)
+
+
+def _recurrence_bwd(A: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     _check_operands(A, H, "H")
     _check_state("H0", H0, A, H.shape[-1])
     _check_like({"grad_H": grad_H}, H, "(B, T, n, k, v) like H")
@@ -622,6 +621,16 @@ def affine_recurrence_bwd(A: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> t
     dA, dB, dH0 = torch.empty_like(A), torch.empty_like(H), torch.zeros_like(H0)
     _backward(A, None, H, H0, None, grad_H, dA, dB, dH0)
     return dA, dB, dH0
+
+
+@triton_op("mingru::affine_recurrence_bwd", mutates_args=())
+def affine_recurrence_bwd(A: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Adjoint of :func:`affine_recurrence_fwd` -> (dA like A, dB like H, dH0 like H0).
+
+    L_t = grad_H_t + A_{t+1}^T L_{t+1}; dB_t = L_t, dA_t = L_t H_{t-1}^T (H_0 = H0), dH0 = A_1^T L_1.
+    Raises TypeError/ValueError on bad inputs.
+    """
+    return _recurrence_bwd(A, H0, H, grad_H)
 
 
 def _scan_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
@@ -648,3 +657,10 @@ def _recurrence_backward(ctx: Any, grad_H: Tensor | None) -> tuple[Tensor, Tenso
 
 affine_scan_fwd.register_autograd(_scan_backward, setup_context=_scan_setup)
 affine_recurrence_fwd.register_autograd(_recurrence_backward, setup_context=_recurrence_setup)
+
+
+recurrence = eager_path(
+    "AffineRecurrence", affine_recurrence_fwd, _recurrence_fwd, _recurrence_bwd, lambda x, h: (x[0], x[2], h)
+)
+"""``recurrence(A, Bm, H0)``: :func:`affine_recurrence_fwd` for the layers, eagerly without the op's dispatch
+(:func:`~mingru_triton._launch.eager_path`)."""

@@ -13,7 +13,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
-from mingru_triton._launch import grad_or_zeros
+from mingru_triton._launch import eager_path, grad_or_zeros
 from mingru_triton.linear import MAX_V, check_kernel_device, scan_backward, scan_forward
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "diag_recurrence_fwd",
     "diag_scan_bwd",
     "diag_scan_fwd",
+    "recurrence",
 ]
 
 
@@ -108,13 +109,7 @@ def diag_scan_bwd(
     return da.view(a.shape), dB.view(Bbar.shape)
 
 
-@triton_op("mingru::diag_recurrence_fwd", mutates_args=())
-def diag_recurrence_fwd(a: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
-    """H_t = diag(a_t) H_{t-1} + B_t from H0: a (B, T, n, k), Bm (B, T, n, k, v), H0 (B, n, k, v) -> H.
-
-    H (B, T, n, k, v) in the input dtype; only H is written (the layer path). Raises as
-    :func:`diag_scan_fwd`.
-    """
+def _recurrence_fwd(a: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     _check(("a", "Bm"), (a, Bm))
     _check_state("H0", H0, Bm)
     coef, u = _flat(a, Bm)
@@ -123,12 +118,17 @@ def diag_recurrence_fwd(a: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     return H.view(Bm.shape)
 
 
-@triton_op("mingru::diag_recurrence_bwd", mutates_args=())
-def diag_recurrence_bwd(a: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Adjoint of :func:`diag_recurrence_fwd` -> (da like a, dB like H, dH0 like H0).
+@triton_op("mingru::diag_recurrence_fwd", mutates_args=())
+def diag_recurrence_fwd(a: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
+    """H_t = diag(a_t) H_{t-1} + B_t from H0: a (B, T, n, k), Bm (B, T, n, k, v), H0 (B, n, k, v) -> H.
 
-    G_t = grad_H_t + diag(a_{t+1}) G_{t+1}; dB = G, da_t = sum_v G_t H_{t-1} (H_0 = H0), dH0 = diag(a_1) G_1.
+    H (B, T, n, k, v) in the input dtype; only H is written (the layer path). Raises as
+    :func:`diag_scan_fwd`.
     """
+    return _recurrence_fwd(a, Bm, H0)
+
+
+def _recurrence_bwd(a: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     _check(("a", "H", "grad_H"), (a, H, grad_H))
     _check_state("H0", H0, H)
     coef, prev_h = _flat(a, H)
@@ -137,6 +137,15 @@ def diag_recurrence_bwd(a: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tup
     da, dB, dH0 = scan_backward(coef, grad_h, None, prev_h, init, None, H.shape[4], True)
     assert dH0 is not None
     return da.view(a.shape), dB.view(H.shape), dH0.view(H0.shape)
+
+
+@triton_op("mingru::diag_recurrence_bwd", mutates_args=())
+def diag_recurrence_bwd(a: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Adjoint of :func:`diag_recurrence_fwd` -> (da like a, dB like H, dH0 like H0).
+
+    G_t = grad_H_t + diag(a_{t+1}) G_{t+1}; dB = G, da_t = sum_v G_t H_{t-1} (H_0 = H0), dH0 = diag(a_1) G_1.
+    """
+    return _recurrence_bwd(a, H0, H, grad_H)
 
 
 def _setup_scan(ctx, inputs, output) -> None:
@@ -159,3 +168,10 @@ def _backward_recurrence(ctx, grad_H):
 
 diag_scan_fwd.register_autograd(_backward_scan, setup_context=_setup_scan)
 diag_recurrence_fwd.register_autograd(_backward_recurrence, setup_context=_setup_recurrence)
+
+
+recurrence = eager_path(
+    "DiagRecurrence", diag_recurrence_fwd, _recurrence_fwd, _recurrence_bwd, lambda x, h: (x[0], x[2], h)
+)
+"""``recurrence(a, Bm, H0)``: :func:`diag_recurrence_fwd` for the layers, eagerly without the op's dispatch
+(:func:`~mingru_triton._launch.eager_path`)."""

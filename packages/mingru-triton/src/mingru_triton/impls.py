@@ -105,22 +105,22 @@ def _log_recurrence_impl(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tenso
         _common_envelope("log", {"log_coeffs": log_coeffs, "log_b": log_b, "h0": h0}),
         log.log_envelope(log_coeffs, log_b),
     )
-    return _run("log", reason, lambda: log.log_recurrence_fwd(log_coeffs, log_b, h0))
+    return _run("log", reason, lambda: log.recurrence(log_coeffs, log_b, h0))
 
 
 def _linear_recurrence_impl(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
     reason = _first(_common_envelope("linear", {"a": a, "b": b, "h0": h0}), linear.linear_envelope(a, b))
-    return _run("linear", reason, lambda: linear.linear_recurrence_fwd(a, b, h0))
+    return _run("linear", reason, lambda: linear.recurrence(a, b, h0))
 
 
 def _affine_recurrence_impl(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     reason = _first(_common_envelope("affine", {"A": A, "Bm": Bm, "H0": H0}), affine.affine_envelope(A, Bm))
-    return _run("affine", reason, lambda: affine.affine_recurrence_fwd(A, Bm, H0))
+    return _run("affine", reason, lambda: affine.recurrence(A, Bm, H0))
 
 
 def _diag_recurrence_impl(a: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     reason = _first(_common_envelope("diag", {"a": a, "Bm": Bm, "H0": H0}), diag.diag_envelope(a, Bm))
-    return _run("diag", reason, lambda: diag.diag_recurrence_fwd(a, Bm, H0))
+    return _run("diag", reason, lambda: diag.recurrence(a, Bm, H0))
 
 
 RECURRENCE_IMPLS: dict[str, Callable[..., Tensor]] = {

@@ -38,7 +38,16 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
-from mingru_triton._launch import cdiv, grad_or_zeros, is_fp64, launch, next_pow2, num_sms, on_kernel_device
+from mingru_triton._launch import (
+    cdiv,
+    eager_path,
+    grad_or_zeros,
+    is_fp64,
+    launch,
+    next_pow2,
+    num_sms,
+    on_kernel_device,
+)
 
 __all__ = [
     "force_strategy",
@@ -47,6 +56,7 @@ __all__ = [
     "linear_recurrence_fwd",
     "linear_scan_bwd",
     "linear_scan_fwd",
+    "recurrence",
     "scan_plan",
 ]
 
@@ -762,17 +772,30 @@ def linear_scan_bwd(a: Tensor, A: Tensor, Bc: Tensor, gA: Tensor, gBc: Tensor) -
     return da, db
 
 
+def _recurrence_fwd(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
+    _check_btd(("a", "b"), (a, b))
+    _check_state("h0", h0, a)
+    a, b, h0 = a.contiguous(), b.contiguous(), h0.contiguous()
+    _, h = scan_forward(a, b, h0, 1, False)
+    return h
+
+
+def _recurrence_bwd(a: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    _check_btd(("a", "h", "grad_h"), (a, h, grad_h))
+    _check_state("h0", h0, a)
+    a, h0, h, grad_h = (x.contiguous() for x in (a, h0, h, grad_h))
+    da, db, dh0 = scan_backward(a, grad_h, None, h, h0, None, 1, True)
+    assert dh0 is not None
+    return da, db, dh0
+
+
 @triton_op("mingru::linear_recurrence_fwd", mutates_args=())
 def linear_recurrence_fwd(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
     """h_t = a_t h_{t-1} + b_t from h0: a, b (B, T, D), h0 (B, D) -> h (B, T, D) in the input dtype.
 
     Only h is written (the layer path). Raises as :func:`linear_scan_fwd`.
     """
-    _check_btd(("a", "b"), (a, b))
-    _check_state("h0", h0, a)
-    a, b, h0 = a.contiguous(), b.contiguous(), h0.contiguous()
-    _, h = scan_forward(a, b, h0, 1, False)
-    return h
+    return _recurrence_fwd(a, b, h0)
 
 
 @triton_op("mingru::linear_recurrence_bwd", mutates_args=())
@@ -781,12 +804,14 @@ def linear_recurrence_bwd(a: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> t
 
     g_t = grad_h_t + a_{t+1} g_{t+1}; db = g, da_t = g_t h_{t-1} (h_0 = h0), dh0 = a_1 g_1.
     """
-    _check_btd(("a", "h", "grad_h"), (a, h, grad_h))
-    _check_state("h0", h0, a)
-    a, h0, h, grad_h = (x.contiguous() for x in (a, h0, h, grad_h))
-    da, db, dh0 = scan_backward(a, grad_h, None, h, h0, None, 1, True)
-    assert dh0 is not None
-    return da, db, dh0
+    return _recurrence_bwd(a, h0, h, grad_h)
+
+
+recurrence = eager_path(
+    "LinearRecurrence", linear_recurrence_fwd, _recurrence_fwd, _recurrence_bwd, lambda x, h: (x[0], x[2], h)
+)
+"""``recurrence(a, b, h0)``: :func:`linear_recurrence_fwd` for the layers, eagerly without the op's dispatch
+(:func:`~mingru_triton._launch.eager_path`)."""
 
 
 def _setup_scan(ctx, inputs, output) -> None:

@@ -42,6 +42,7 @@ from mingru_triton import linear
 from mingru_triton._launch import (
     DEFAULT_SMS,
     cdiv,
+    eager_path,
     grad_or_zeros,
     is_fp64,
     launch,
@@ -58,6 +59,7 @@ __all__ = [
     "log_recurrence_fwd",
     "parallel_scan_log_bwd",
     "parallel_scan_log_fwd",
+    "recurrence",
 ]
 
 STRATEGIES = ("sequential", "chunked", "lookback")
@@ -658,13 +660,7 @@ def _check_recurrence_inputs(log_coeffs: object, log_b: object, h0: object) -> N
     check_same_device_dtype({"log_coeffs": log_coeffs, "log_b": log_b, "h0": h0})
 
 
-@triton_op("mingru::log_recurrence_fwd", mutates_args=())
-def log_recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
-    """h_t = exp(log_coeffs_t) h_{t-1} + exp(log_b_t) from h0 (B, D) of any sign: (B, T, D) x2 -> h (B, T, D).
-
-    max(h0, 0) enters the log-space scan as log h0 (-inf when <= 0) and min(h0, 0) decays as
-    exp(sum_{s<=t} log_coeffs_s) min(h0, 0), fused in one pass. Input dtype out, float32/float64 inside.
-    """
+def _recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
     _check_recurrence_inputs(log_coeffs, log_b, h0)
     _check_device_and_envelope(log_coeffs, "log_coeffs")
     log_coeffs, log_b, h0 = log_coeffs.contiguous(), log_b.contiguous(), h0.contiguous()
@@ -674,15 +670,9 @@ def log_recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
     return h
 
 
-@triton_op("mingru::log_recurrence_bwd", mutates_args=())
-def log_recurrence_bwd(
+def _recurrence_bwd(
     log_coeffs: Tensor, log_b: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Adjoint of :func:`log_recurrence_fwd`: (d_log_coeffs, d_log_b (B, T, D), d_h0 (B, D)).
-
-    lam_t = grad_h_t + a_{t+1} lam_{t+1}; d lc_t = lam_t a_t h_{t-1} (h_0 = h0); d lb_t = lam_t exp(lb_t);
-    d h0 = a_1 lam_1 for any sign of h0.
-    """
     _check_recurrence_inputs(log_coeffs, log_b, h0)
     _check_like("h", h, log_coeffs, "like log_coeffs (B, T, D)")
     _check_like("grad_h", grad_h, log_coeffs, "like log_coeffs (B, T, D)")
@@ -707,6 +697,35 @@ def log_recurrence_bwd(
             reverse=False,
         )
     return d_log_coeffs, d_log_b, d_h0
+
+
+@triton_op("mingru::log_recurrence_fwd", mutates_args=())
+def log_recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
+    """h_t = exp(log_coeffs_t) h_{t-1} + exp(log_b_t) from h0 (B, D) of any sign: (B, T, D) x2 -> h (B, T, D).
+
+    max(h0, 0) enters the log-space scan as log h0 (-inf when <= 0) and min(h0, 0) decays as
+    exp(sum_{s<=t} log_coeffs_s) min(h0, 0), fused in one pass. Input dtype out, float32/float64 inside.
+    """
+    return _recurrence_fwd(log_coeffs, log_b, h0)
+
+
+@triton_op("mingru::log_recurrence_bwd", mutates_args=())
+def log_recurrence_bwd(
+    log_coeffs: Tensor, log_b: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Adjoint of :func:`log_recurrence_fwd`: (d_log_coeffs, d_log_b (B, T, D), d_h0 (B, D)).
+
+    lam_t = grad_h_t + a_{t+1} lam_{t+1}; d lc_t = lam_t a_t h_{t-1} (h_0 = h0); d lb_t = lam_t exp(lb_t);
+    d h0 = a_1 lam_1 for any sign of h0.
+    """
+    return _recurrence_bwd(log_coeffs, log_b, h0, h, grad_h)
+
+
+recurrence = eager_path(
+    "LogRecurrence", log_recurrence_fwd, _recurrence_fwd, _recurrence_bwd, lambda x, h: (*x, h)
+)
+"""``recurrence(log_coeffs, log_b, h0)``: :func:`log_recurrence_fwd` for the layers, eagerly without the op's
+dispatch (:func:`~mingru_triton._launch.eager_path`)."""
 
 
 def _recurrence_setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:

@@ -1,0 +1,168 @@
+"""The layers' eager path of the recurrence ops (``<family>.recurrence``): the ops' own bodies in a plain
+``torch.autograd.Function`` where that is safe, the ``torch.library`` op everywhere else.
+
+The interpreter tests check that the eager path runs (its ``grad_fn``) and gives the op's bits, forward and
+backward; the others check when it must not run (tracing, dispatch modes, functorch, subclasses) and that
+the launch helper calls a kernel directly exactly where ``wrap_triton`` would only pass the call on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from kernel_cases import gates, on_interpreter
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+pytest.importorskip("mingru_triton.linear")
+
+from mingru_triton import _launch, affine, diag, linear, log
+
+needs_switch = pytest.mark.skipif(
+    _launch._set_wrap_enabled is None, reason="this torch has no set_wrap_triton_enabled: the op always runs"
+)
+
+
+def _linear_inputs(gen: torch.Generator) -> tuple[Tensor, ...]:
+    a = gates((2, 37, 5), torch.float64, torch.device("cpu"), generator=gen)
+    b = torch.randn(2, 37, 5, generator=gen, dtype=torch.float64)
+    return a, b, torch.randn(2, 5, generator=gen, dtype=torch.float64)
+
+
+def _log_inputs(gen: torch.Generator) -> tuple[Tensor, ...]:
+    lc = -torch.rand(2, 37, 5, generator=gen, dtype=torch.float64) * 2
+    lb = torch.randn(2, 37, 5, generator=gen, dtype=torch.float64)
+    return lc, lb, torch.randn(2, 5, generator=gen, dtype=torch.float64)
+
+
+def _diag_inputs(gen: torch.Generator) -> tuple[Tensor, ...]:
+    a = gates((2, 37, 3, 2), torch.float64, torch.device("cpu"), generator=gen)
+    Bm = torch.randn(2, 37, 3, 2, 4, generator=gen, dtype=torch.float64)
+    return a, Bm, torch.randn(2, 3, 2, 4, generator=gen, dtype=torch.float64)
+
+
+def _affine_inputs(gen: torch.Generator) -> tuple[Tensor, ...]:
+    A = torch.randn(2, 37, 3, 2, 2, generator=gen, dtype=torch.float64) * 0.5
+    Bm = torch.randn(2, 37, 3, 2, 3, generator=gen, dtype=torch.float64)
+    return A, Bm, torch.randn(2, 3, 2, 3, generator=gen, dtype=torch.float64)
+
+
+FAMILIES: dict[str, tuple[Any, Callable[..., Tensor], Callable[[torch.Generator], tuple[Tensor, ...]]]] = {
+    "LinearRecurrence": (linear, linear.linear_recurrence_fwd, _linear_inputs),
+    "LogRecurrence": (log, log.log_recurrence_fwd, _log_inputs),
+    "DiagRecurrence": (diag, diag.diag_recurrence_fwd, _diag_inputs),
+    "AffineRecurrence": (affine, affine.affine_recurrence_fwd, _affine_inputs),
+}
+
+
+def _forward_backward(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...]) -> tuple[Any, list[Tensor]]:
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    grad = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)
+    return out.grad_fn, [out.detach(), *torch.autograd.grad(out, leaves, grad)]
+
+
+@needs_switch
+@pytest.mark.parametrize("name", list(FAMILIES))
+class TestEagerPath:
+    pytestmark = on_interpreter
+
+    def test_runs_eagerly_with_the_ops_bits(self, name: str) -> None:
+        module, op, make = FAMILIES[name]
+        inputs = make(torch.Generator().manual_seed(0))
+        op_node, op_results = _forward_backward(op, inputs)
+        node, results = _forward_backward(module.recurrence, inputs)
+        assert type(node).__name__ == f"{name}Backward", type(node).__name__
+        assert type(op_node).__name__ != type(node).__name__
+        for got, want in zip(results, op_results, strict=True):
+            assert torch.equal(got, want)
+
+    def test_without_grad_and_in_inference_mode(self, name: str) -> None:
+        module, op, make = FAMILIES[name]
+        inputs = make(torch.Generator().manual_seed(1))
+        want = op(*inputs)
+        with torch.no_grad():
+            assert torch.equal(module.recurrence(*inputs), want)
+        with torch.inference_mode():
+            assert torch.equal(module.recurrence(*inputs), want)
+
+    def test_rejects_what_the_op_rejects(self, name: str) -> None:
+        module, op, make = FAMILIES[name]
+        first, second, state = make(torch.Generator().manual_seed(2))
+        bad_state = state[:1]
+        with pytest.raises(ValueError) as from_op:
+            op(first, second, bad_state)
+        with pytest.raises(ValueError) as from_path:
+            module.recurrence(first, second, bad_state)
+        assert str(from_path.value) == str(from_op.value)
+
+
+def _plain() -> tuple[Tensor, Tensor]:
+    return torch.zeros(2, 3), torch.nn.Parameter(torch.zeros(3))
+
+
+@needs_switch
+def test_fast_path_takes_plain_tensors_and_parameters() -> None:
+    assert _launch.eager_fast_path(*_plain())
+
+
+def test_fast_path_is_off_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not _launch.eager_fast_path(*_plain())
+
+
+def test_fast_path_is_off_under_a_dispatch_mode() -> None:
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.zeros(2, 3))
+        assert not _launch.eager_fast_path(fake)
+        assert not _launch.eager_fast_path(torch.zeros(2, 3))
+
+
+def test_fast_path_is_off_for_subclasses_and_inside_functorch() -> None:
+    class Marked(Tensor):
+        pass
+
+    assert not _launch.eager_fast_path(torch.zeros(2).as_subclass(Marked))
+    seen: list[bool] = []
+
+    def probe(x: Tensor) -> Tensor:
+        seen.append(_launch.eager_fast_path(x))
+        return (x * x).sum()
+
+    torch.func.grad(probe)(torch.ones(3))
+    assert seen == [False]
+
+
+def test_fake_cuda_inputs_take_the_op() -> None:
+    """Under fake tensors the path is the op; its launch goes through ``wrap_triton`` and launches nothing."""
+    with FakeTensorMode():
+        a = torch.empty(2, 4096, 256, device="cuda")
+        h = linear.recurrence(a, torch.empty_like(a), torch.empty(2, 256, device="cuda"))
+        assert h.shape == a.shape and h.device.type == "cuda"
+
+
+class _SpyKernel:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *args, **meta: self.calls.append((grid, args, meta))
+
+
+@needs_switch
+def test_launch_calls_the_kernel_directly_where_wrap_triton_only_passes_it_on() -> None:
+    spy = _SpyKernel()
+    with _launch._eager_launches():
+        _launch.launch(spy, (3,), 7, FLAG=1)
+    assert spy.calls == [((3,), (7,), {"FLAG": 1})]
+
+
+def test_launch_goes_through_wrap_triton_otherwise() -> None:
+    """Outside an eagerly run body ``wrap_triton`` takes the call; it accepts only ``@triton.jit`` kernels."""
+    spy = _SpyKernel()
+    with pytest.raises(RuntimeError, match="triton"):
+        _launch.launch(spy, (3,), 7, FLAG=1)
+    assert spy.calls == []
