@@ -127,7 +127,7 @@ def test_op_on_fake_cuda_tensors_beyond_memory() -> None:
 
 
 def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At sizes where the k = 1 recurrence and its adjoint (and the log recurrence's adjoint) take the
+    """At sizes where the k = 1 recurrence and its adjoint (and the log recurrence and its adjoint) take the
     single-pass kernel (status buffers allocated inside the op), the ops keep their contract on fake CUDA
     tensors and trace as one node."""
     from mingru_triton import linear
@@ -135,9 +135,9 @@ def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) ->
     plans: list[str] = []
     original = linear._run_lookback
 
-    def spy(plan: Any, *args: Any, **kwargs: Any) -> None:
+    def spy(plan: Any, *args: Any, **kwargs: Any) -> Any:
         plans.append(plan.strategy)
-        original(plan, *args, **kwargs)
+        return original(plan, *args, **kwargs)
 
     monkeypatch.setattr(linear, "_run_lookback", spy)
     mode = FakeTensorMode()
@@ -146,9 +146,10 @@ def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) ->
         h0 = torch.empty(8, 1024, device="cuda")
         h = _op("linear_recurrence_fwd")(a, a, h0)
         da, db, dh0 = _op("linear_recurrence_bwd")(a, h0, h, h)
+        h_log = _op("log_recurrence_fwd")(a, a, h0)
         d_lc, d_lb, d_h0 = _op("log_recurrence_bwd")(a, a, h0, h, h)
-    assert plans == ["lookback", "lookback", "lookback"]
-    assert h.shape == da.shape == db.shape == d_lc.shape == d_lb.shape == (8, 4096, 1024)
+    assert plans == ["lookback"] * 4
+    assert h.shape == h_log.shape == da.shape == db.shape == d_lc.shape == d_lb.shape == (8, 4096, 1024)
     assert dh0.shape == d_h0.shape == (8, 1024)
     op = _op("linear_recurrence_fwd")
     graph = make_fx(lambda x, y, s: op(x, y, s), tracing_mode="fake")(a, a, h0)

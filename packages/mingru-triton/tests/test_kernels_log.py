@@ -249,15 +249,15 @@ class TestInterpreter:
         torch.testing.assert_close(d_h0, h0_ref.grad, rtol=1e-10, atol=1e-10)
 
     def test_recurrence_adjoint_runs_single_pass(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Under force_strategy("lookback") the adjoint of log_recurrence_fwd runs the single-pass k = 1
+        """Under force_strategy("lookback") log_recurrence_fwd and its adjoint run the single-pass k = 1
         kernel with exp(lc) as the coefficient (parallel_scan_log_fwd, log h0 in its values, keeps the log
         kernel), and a look-back that replays summaries gives the same bits as one that does not."""
         flags: list[dict[str, int]] = []
         original = linear._run_lookback
 
-        def spy(plan: linear.ScanPlan, ptrs: dict[str, Tensor], **kw: int) -> None:
+        def spy(plan: linear.ScanPlan, ptrs: dict[str, Tensor], **kw: int) -> Tensor:
             flags.append(kw)
-            original(plan, ptrs, **kw)
+            return original(plan, ptrs, **kw)
 
         monkeypatch.setattr(linear, "_run_lookback", spy)
         device = kernel_device()
@@ -267,14 +267,18 @@ class TestInterpreter:
         h0 = signed_h0(2, 5, torch.float32, device)
         with force_strategy("lookback"):
             check_recurrence(log_coeffs, log_values[:, 1:], h0, "lookback adjoint")
-            assert [f["LOG_GRADS"] for f in flags] == [1]
+            assert [(f.get("EXP_U", 0), f.get("LOG_GRADS", 0)) for f in flags] == [(1, 0), (0, 1)]
             check_log_scan(log_coeffs, log_values, "lookback, log h0")
-        assert len(flags) == 1
+        assert len(flags) == 2
         # 2-step tiles (35 per row); with every 4th publishing its final state the walks replay summaries
         runs = []
         grad = torch.randn_like(log_coeffs)
         for every in (1, 4):
-            with linear.sparse_final_states(every), linear.force_strategy("lookback", None, 2):
+            with (
+                linear.sparse_final_states(every),
+                force_strategy("lookback"),
+                linear.force_strategy("lookback", None, 2),
+            ):
                 h = torch.empty_like(log_coeffs)
                 outs = (torch.empty_like(h), torch.empty_like(h), torch.zeros_like(h0))
                 log_kernels._scan_fwd(
@@ -282,10 +286,45 @@ class TestInterpreter:
                 )
                 log_kernels._scan_bwd(log_coeffs, log_values[:, 1:].contiguous(), h0, h, grad, *outs,
                                       b_shift=0, reverse=False)  # fmt: skip
-                runs.append(outs)
-        assert len(flags) == 3
+                runs.append((h, *outs))
+        assert len(flags) == 6
         for x, y in zip(*runs, strict=True):
             assert torch.equal(x, y)
+
+    def test_recurrence_forward_single_pass_falls_back(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The single-pass forward of log_recurrence_fwd scans exp(lc), exp(lb) in linear space; one log
+        coefficient > 0 anywhere raises its flag and the gated log kernel redoes the scan (same bits as
+        the log kernel alone). Under force_log_space the single pass does not run."""
+        gates: list[Tensor] = []
+        original = linear._run_lookback
+
+        def spy(plan: linear.ScanPlan, ptrs: dict[str, Tensor], **kw: int) -> Tensor:
+            gates.append(original(plan, ptrs, **kw))
+            return gates[-1]
+
+        monkeypatch.setattr(linear, "_run_lookback", spy)
+        device = kernel_device()
+        log_coeffs, log_values = log_inputs((2, 45, 3), torch.float32, device, seed=4)
+        log_b, h0 = log_values[:, 1:], signed_h0(2, 3, torch.float32, device)
+        with force_strategy("sequential"):
+            log_only = log_recurrence_fwd(log_coeffs, log_b, h0)
+        with force_strategy("lookback"), linear.force_strategy("lookback", None, 4):
+            single = log_recurrence_fwd(log_coeffs, log_b, h0)
+            assert [int(g[-1].item()) for g in gates] == [0]
+            assert not torch.equal(single, log_only)  # not the log kernel's bits: the single pass ran
+            assert_close(single, recurrence_ref(log_coeffs.double(), log_b.double(), h0.double()),
+                         torch.float32, 45, "single pass")  # fmt: skip
+            growing = log_coeffs.clone()
+            growing[1, 38, 2] = 0.25
+            fallback = log_recurrence_fwd(growing, log_b, h0)
+            assert [int(g[-1].item()) for g in gates] == [0, 1]
+            with force_log_space():
+                log_recurrence_fwd(growing, log_b, h0)
+            assert len(gates) == 2
+        with force_strategy("sequential"):
+            assert torch.equal(fallback, log_recurrence_fwd(growing, log_b, h0))
+        assert_close(fallback, recurrence_ref(growing.double(), log_b.double(), h0.double()), torch.float32,
+                     45, "fallback")  # fmt: skip
 
     def test_unused_output_grad(self) -> None:
         log_coeffs, log_values = log_inputs((1, 3, 2), torch.float32, kernel_device())
@@ -418,6 +457,25 @@ class TestCuda:
         h = parallel_scan_log_fwd(log_coeffs, log_values)
         ref = parallel_scan_log_ref(log_coeffs.double(), log_values.double())
         assert ((h.double() - ref).abs() / ref.abs()).max().item() <= 1e-5
+
+    def test_single_pass_forward_at_65536_steps_and_its_fallback(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """At a size the heuristic gives the single pass (16 chains), log_recurrence_fwd stays within 1e-6
+        relative of the float64 answer at T = 65536 (a positive h0, so no state crosses zero); with one log
+        coefficient > 0 the gated log kernel redoes the scan and gives the bits of the log kernel's plan."""
+        log_coeffs, log_values = _cuda_case((2, 65536, 1024), torch.float32)
+        log_b = log_values[:, 1:]
+        h0 = signed_h0(2, 1024, torch.float32, torch.device("cuda")).abs() + 0.1
+        assert log_kernels._single_pass_plan(log_coeffs) is not None
+        h = log_recurrence_fwd(log_coeffs, log_b, h0)
+        ref = recurrence_ref(log_coeffs.double(), log_b.double(), h0.double())
+        assert ((h.double() - ref).abs() / ref.abs()).max().item() <= 1e-6
+        growing = log_coeffs.clone()
+        growing[1, 50000, 700] = 0.1
+        got = log_recurrence_fwd(growing, log_b, h0)
+        monkeypatch.setattr(log_kernels, "_single_pass_plan", lambda lc: None)
+        assert torch.equal(got, log_recurrence_fwd(growing, log_b, h0))
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_gradcheck_float64(self, strategy: str) -> None:

@@ -260,7 +260,9 @@ def _lookback_kernel(
     HAS_PREV0: tl.constexpr,
     DINIT: tl.constexpr,
     EXP_COEF: tl.constexpr,
+    EXP_U: tl.constexpr,
     LOG_GRADS: tl.constexpr,
+    BAIL: tl.constexpr,
     SPARSE: tl.constexpr,
     REPLAY: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -281,8 +283,11 @@ def _lookback_kernel(
     hprev the stored state one step into the forward's past (``prev0`` or 0 before t = 1); DINIT writes
     a_first * (final state) from the last tile. EXP_COEF: the coefficient is exp of the stored value (the
     log scan's adjoint); LOG_GRADS (with DA and EXP_COEF) writes the log scan's gradients: da times a at the
-    same step, and h times exp(lb) in place of h. SPARSE > 1 (tests) publishes final states only on every
-    SPARSE-th tile, so the look-back walks over summaries. Inputs contiguous (R, L, DJ).
+    same step, and h times exp(lb) in place of h. EXP_U: the values are exp of the stored ones (the log
+    scan's forward). BAIL (with EXP_COEF): a tile with a log coefficient > 0 sets
+    ``flag_ptr[CHAINS * NT + 1]`` to 1 and the launch goes on; its outputs are then not to be used. SPARSE > 1
+    (tests) publishes final states only on every SPARSE-th tile, so the look-back walks over summaries.
+    Inputs contiguous (R, L, DJ).
     """
     tile = tl.atomic_add(flag_ptr + CHAINS * NT, 1).to(tl.int64)
     k = tile // CHAINS
@@ -301,7 +306,10 @@ def _lookback_kernel(
     inside = (lanes_t * dstep)[:, None] + offs_j[None, :]
     base = r * L * DJ + t0 * DJ
     m2 = valid[:, None] & mask_j[None, :]
-    u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
+    if EXP_U:
+        u = tl.exp(_acc(tl.load(u_ptr + base + inside, mask=m2, other=float("-inf")), FP64))
+    else:
+        u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
     pad = 0.0 if EXP_COEF else 1.0  # the stored coefficient that stands for 1
     if SHIFT:
         # The first walk step has no coefficient; 1 stands in, harmless since the carry into it is 0.
@@ -310,6 +318,10 @@ def _lookback_kernel(
     else:
         a = tl.load(coef_ptr + base + inside, mask=m2, other=pad)
     a = _acc(a, FP64)
+    if BAIL:  # noqa: SIM102 (a constexpr test around a runtime one)
+        # A coefficient above 1 (a log above 0): flag the launch; the caller's fallback redoes all of it.
+        if tl.max(tl.max(a, axis=1), axis=0) > 0.0:
+            tl.atomic_xchg(flag_ptr + CHAINS * NT + 1, 1)
     if EXP_COEF:
         a = tl.exp(a)
     p, h = tl.associative_scan((a, u), 0, _compose)
@@ -531,7 +543,9 @@ _FLAGS = (
 
 
 _LOOKBACK_PTRS = ("coef", "u", "init", "hout", "prevh", "prev0", "da", "dinit", "lb")
-_LOOKBACK_FLAGS = ("WALK_REV", "SHIFT", "HAS_INIT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "LOG_GRADS")
+_LOOKBACK_FLAGS = (
+    "WALK_REV", "SHIFT", "HAS_INIT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "EXP_U", "LOG_GRADS", "BAIL"
+)  # fmt: skip
 _SPARSE: list[int] = []
 LOOKBACK_REPLAY = 4
 """Summaries one replay step of the single-pass kernel's look-back loads at once."""
@@ -583,16 +597,17 @@ def _plan_for(coef: Tensor, v: int, single_pass: bool = False) -> ScanPlan:
     return scan_plan(rows, length, dj, v, coef.element_size(), sms, max_block_t, single_pass)
 
 
-def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> None:
+def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor:
     """One launch of :func:`_lookback_kernel` (one program per tile) with its status buffers, called like
     :func:`_run`: pointers it does not name get a dummy (never touched); flags it does not take are ignored,
-    those it takes default to 0."""
+    those it takes default to 0. Returns the int32 status buffer; its last element is the flag of a BAIL
+    launch (1 if set)."""
     coef = ptrs["coef"]
     rows, length, dj = coef.shape
     chains = rows * plan.num_jblocks
     tiles = chains * plan.num_chunks
     acc = _acc_dtype(coef)
-    flag_buf = torch.zeros(tiles + 1, dtype=torch.int32, device=coef.device)
+    flag_buf = torch.zeros(tiles + 2, dtype=torch.int32, device=coef.device)
     agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
     inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
     args = [ptrs.get(name, coef) for name in _LOOKBACK_PTRS]
@@ -602,6 +617,7 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> None
         plan.num_chunks, **meta, SPARSE=_SPARSE[-1] if _SPARSE else 1, REPLAY=LOOKBACK_REPLAY,
         BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef), num_warps=plan.num_warps,
     )  # fmt: skip
+    return flag_buf
 
 
 def _acc_dtype(x: Tensor) -> torch.dtype:

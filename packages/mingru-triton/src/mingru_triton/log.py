@@ -120,6 +120,8 @@ def _log_fwd_kernel(
     h_ptr,
     sum_ptr,
     end_ptr,
+    gate_ptr,
+    gate_at,
     T,
     D,
     stride_b_row,
@@ -133,6 +135,7 @@ def _log_fwd_kernel(
     MODE: tl.constexpr,
     REVERSE: tl.constexpr,
     LINEAR: tl.constexpr,
+    GATED: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     FP64: tl.constexpr,
@@ -140,7 +143,11 @@ def _log_fwd_kernel(
     """One (row, channel block, chunk). MODE 0: whole row; 1: write the chunk summary (sum lc, end log state
     from -inf); 2: compose the carry from the summaries of earlier chunks, then write h for the chunk.
     LINEAR: a tile whose log coefficients are all <= 0 is scanned in linear space (exp of each input, then
-    the linear combine); other tiles, and every tile when LINEAR is 0, combine in log space."""
+    the linear combine); other tiles, and every tile when LINEAR is 0, combine in log space. GATED: the
+    program does nothing unless the int32 ``gate_ptr[gate_at]`` is nonzero (the single pass's fallback)."""
+    if GATED:  # noqa: SIM102 (a constexpr test around a runtime one)
+        if tl.load(gate_ptr + gate_at) == 0:
+            return
     pid = tl.program_id(0).to(tl.int64)
     n_dblk = tl.cdiv(D, BLOCK_D)
     c = pid % n_chunks
@@ -481,20 +488,44 @@ def _scan_fwd(
     """Write the forward scan into ``h``; ``b`` starts ``b_shift`` elements into its row. ``h0`` (B, D) is a
     linear initial state of any sign; None means log h0 is slot 0 of each ``b`` row (the (T+1) values
     layout, ``b_shift`` = D). Reading h0 through ``b`` keeps each tensor one kernel argument, which the
-    functionalization of ``wrap_triton`` needs (a tensor passed twice is cloned twice)."""
+    functionalization of ``wrap_triton`` needs (a tensor passed twice is cloned twice).
+
+    Where the k = 1 heuristic picks the single pass (:func:`_single_pass_plan`; the recurrence form, forward
+    in time, T >= :data:`LOOKBACK_FORWARD_MIN_LENGTH`), that kernel runs the recurrence in linear space,
+    a = exp(lc) and b = exp(lb), as the log kernel does for a tile with every lc <= 0. If any lc > 0 it
+    raises a flag on the device, and the log kernel, launched after it and gated on that flag, redoes the
+    whole scan; otherwise that launch does nothing. No host synchronisation either way."""
+    gate = None
+    if h0 is not None and lean and b_shift == 0 and not reverse and not _log_space:
+        forced = _forced[-1] if _forced else None
+        long_enough = lc.shape[1] >= LOOKBACK_FORWARD_MIN_LENGTH or forced == "lookback"
+        single = _single_pass_plan(lc) if long_enough else None
+        if single is not None:
+            ptrs = {"coef": lc, "u": b, "init": h0, "hout": h}
+            gate = linear._run_lookback(single, ptrs, **_SINGLE_PASS_FORWARD)
     h0_log = h0 is None
     h0 = b if h0 is None else h0
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
     grid = (batch * cdiv(width, plan.block_d) * plan.n_chunks,)
     sums, ends = _work(lc, plan), _work(lc, plan)
-    args: tuple[Any, ...] = (lc, b, h0, h, sums, ends, steps, width, b.stride(0), b_shift, h0.stride(0))
-    args = (*args, plan.n_chunks, plan.chunk, cdiv(plan.chunk, plan.block_t))
+    gate_args = (lc, 0) if gate is None else (gate, gate.numel() - 1)
+    args: tuple[Any, ...] = (lc, b, h0, h, sums, ends, *gate_args, steps, width)
+    args = (
+        *args,
+        b.stride(0),
+        b_shift,
+        h0.stride(0),
+        plan.n_chunks,
+        plan.chunk,
+        cdiv(plan.chunk, plan.block_t),
+    )
     meta = dict(
         H0_LOG=int(h0_log),
         LEAN=int(lean),
         REVERSE=int(reverse),
         LINEAR=int(not _log_space),
+        GATED=int(gate is not None),
         BLOCK_T=plan.block_t,
         BLOCK_D=plan.block_d,
         FP64=is_fp64(lc),
@@ -507,6 +538,15 @@ def _scan_fwd(
         launch(_log_fwd_kernel, grid, *args, MODE=0, **meta)
 
 
+LOOKBACK_FORWARD_MIN_LENGTH = 16384
+"""Shortest T for which :func:`log_recurrence_fwd` runs the single pass (where the k = 1 heuristic picks it;
+its adjoint follows the k = 1 heuristic alone). H200, forward over the copy floor, single pass against the log
+kernel: 8 x 16384 x 1024 1.41x against 2.33x (float32) and 2.37x against 5.75x (bfloat16); 2 x 65536 x 1024
+1.74x and 3.23x against 5.5x and 21.6x for the sequential plan; but 8 x 4096 x 1024 float32 3.23x against
+2.21x and 1 x 8192 x 2048 float32 8.0x against 5.0x (short rows, where the single pass also varies most)."""
+_SINGLE_PASS_FORWARD = dict.fromkeys(("HAS_INIT", "EXP_COEF", "EXP_U", "BAIL"), 1)
+"""Flags of :func:`mingru_triton.linear._run_lookback` for :func:`log_recurrence_fwd`: exp of both inputs on
+load, the initial state fused, and the flag raised by a log coefficient > 0."""
 _SINGLE_PASS_ADJOINT = dict.fromkeys(
     ("WALK_REV", "SHIFT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "LOG_GRADS"), 1
 )
