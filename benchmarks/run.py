@@ -702,6 +702,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--plots", type=Path, default=None, help="draw the figures of this run into this folder"
     )
+    parser.add_argument(
+        "--summary-from",
+        type=Path,
+        default=None,
+        help="run nothing: rebuild the summary of the latest run in this CSV (e.g. one cut short)",
+    )
     parser.add_argument("--list", action="store_true", help="list the cases and impls, run nothing")
     parser.add_argument(
         "--smoke", action="store_true", help="CPU, tiny shapes, kernels under TRITON_INTERPRET"
@@ -727,8 +733,41 @@ def list_cases(selected: list[registry.Case], args: argparse.Namespace) -> None:
     print(f"{len(selected)} cases, {count} (impl, dtype, mode) measurements at most")
 
 
+def rows_from_csv(path: Path) -> tuple[str, dict[str, str], list[dict[str, Any]]]:
+    """(run id, environment, rows) of the latest run in a CSV written by ``--csv``, typed as in a run."""
+    with path.open(newline="") as handle:
+        found = list(csv.DictReader(handle))
+    if not found:
+        raise SystemExit(f"--summary-from: {path} has no rows")
+    run_id = max(r["run"] for r in found)
+    rows: list[dict[str, Any]] = []
+    for raw in (r for r in found if r["run"] == run_id):
+        row: dict[str, Any] = dict(raw)
+        for key, value in raw.items():
+            if key in _TEXT_FIELDS:
+                continue
+            row[key] = None if value == "" else float(value)
+        row["ours"] = bool(row["ours"])
+        rows.append(row)
+    env = {key: found[-1][key] for key in ("gpu", "torch", "triton", "mingru", "peers")}
+    return run_id, env, rows
+
+
+_TEXT_FIELDS = frozenset(
+    ("run", "gpu", "torch", "triton", "mingru", "peers", "group", "op", "shape", "dtype", "mode", "impl",
+     "status", "note")
+)  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if args.summary_from is not None:
+        run_id, env, rows = rows_from_csv(args.summary_from)
+        table = render(summarize(rows), env, run_id, rows)
+        print(table)
+        if args.summary is not None:
+            args.summary.write_text(table + "\n")
+        return 0
     if args.smoke:
         peers.COMPILE["enabled"] = False
     selected = select(args)
