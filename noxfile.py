@@ -179,15 +179,20 @@ WHEELS = ROOT / ".whl"
 
 @nox.session
 def bench_smoke(session: nox.Session) -> None:
-    """The benchmark runner, the launch-configuration sweep, the host-overhead probe and the k = 1 strategy
-    timer on tiny shapes on the CPU (kernels under the Triton interpreter): they run, check results and print
-    their tables. Timings here mean nothing; see benchmarks/."""
+    """The benchmark runner (and its summary rebuilt from its CSV), the launch-configuration sweep, the
+    host-overhead probe and the k = 1 strategy timer on tiny shapes on the CPU (kernels under the Triton
+    interpreter): they run, check results and print their tables. Timings here mean nothing; see
+    benchmarks/."""
     torch = DEFAULT_TORCH
     session.install(f"torch=={torch}", TRITON_FOR_TORCH[torch], "numpy", *EDITABLE_BUILD_TOOLS)
     session.install(
         "--no-build-isolation", "--no-deps", *(arg for p in PACKAGES.values() for arg in ("-e", str(p)))
     )
-    session.run("python", str(ROOT / "benchmarks" / "bench.py"), "--smoke", *session.posargs)
+    bench = str(ROOT / "benchmarks" / "bench.py")
+    table = Path(session.create_tmp()) / "smoke.csv"
+    table.unlink(missing_ok=True)
+    session.run("python", bench, "--smoke", "--csv", str(table), *session.posargs)
+    session.run("python", bench, "--summary-from", str(table))
     for family in ("linear", "log"):
         session.run("python", str(ROOT / "benchmarks" / "sweep.py"), "--smoke", "--family", family)
     session.run("python", str(ROOT / "benchmarks" / "overhead.py"), "--smoke")
