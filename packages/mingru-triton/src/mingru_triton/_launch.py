@@ -17,20 +17,19 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch._library import triton as torch_triton
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import once_differentiable
 from torch.library import wrap_triton
 
 from mingru.dispatch import ScanFallback, interpret_requested
 
-try:  # False while a triton_op body runs eagerly on real tensors (wrap_triton then calls the kernel)
-    from torch._library.triton import is_wrap_triton_enabled as _wrap_enabled
-    from torch._library.triton import set_wrap_triton_enabled as _set_wrap_enabled
-except ImportError:  # pragma: no cover - a torch without them: always go through wrap_triton and the op
-    _set_wrap_enabled = None
-
-    def _wrap_enabled() -> bool:
-        return True
+# False while a triton_op body runs eagerly on real tensors (wrap_triton then calls the kernel itself). A
+# torch without these always goes through wrap_triton and the ops.
+_wrap_enabled: Callable[[], bool] = getattr(torch_triton, "is_wrap_triton_enabled", lambda: True)
+_set_wrap_enabled: Callable[[bool], contextlib.AbstractContextManager[None]] | None = getattr(
+    torch_triton, "set_wrap_triton_enabled", None
+)
 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -106,7 +105,7 @@ def eager_path(
             return backward(*ctx.saved_tensors, grad)
 
     methods = {"forward": staticmethod(run_forward), "backward": staticmethod(run_backward)}
-    function = type(name, (torch.autograd.Function,), methods)
+    function: type[torch.autograd.Function] = type(name, (torch.autograd.Function,), methods)
 
     def call(*inputs: Tensor) -> Tensor:
         if eager_fast_path(*inputs):
