@@ -63,8 +63,8 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 
 def eager_fast_path(*tensors: Tensor) -> bool:
     """Whether a call may run an op's bodies in a plain ``torch.autograd.Function``, skipping the
-    ``torch.library`` dispatch and its autograd wrapper (about 0.3 ms of host time per forward+backward on
-    an H200 host). Not while ``torch.compile`` traces, under a dispatch mode (fake tensors, ``make_fx``,
+    ``torch.library`` dispatch and its autograd wrapper (0.1-0.3 ms of host time per forward+backward on an
+    H200 host). Not while ``torch.compile`` traces, under a dispatch mode (fake tensors, ``make_fx``,
     ``FlopCounterMode``), inside a functorch transform, or for tensor subclasses: those calls keep the op."""
     if _set_wrap_enabled is None or torch.compiler.is_compiling():
         return False
