@@ -146,10 +146,12 @@ def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) ->
         h0 = torch.empty(8, 1024, device="cuda")
         h = _op("linear_recurrence_fwd")(a, a, h0)
         da, db, dh0 = _op("linear_recurrence_bwd")(a, h0, h, h)
-        h_log = _op("log_recurrence_fwd")(a, a, h0)
         d_lc, d_lb, d_h0 = _op("log_recurrence_bwd")(a, a, h0, h, h)
+        long = torch.empty(8, 16384, 1024, device="cuda")  # the log forward's single pass starts at T = 16384
+        h_log = _op("log_recurrence_fwd")(long, long, h0)
     assert plans == ["lookback"] * 4
-    assert h.shape == h_log.shape == da.shape == db.shape == d_lc.shape == d_lb.shape == (8, 4096, 1024)
+    assert h.shape == da.shape == db.shape == d_lc.shape == d_lb.shape == (8, 4096, 1024)
+    assert h_log.shape == (8, 16384, 1024)
     assert dh0.shape == d_h0.shape == (8, 1024)
     op = _op("linear_recurrence_fwd")
     graph = make_fx(lambda x, y, s: op(x, y, s), tracing_mode="fake")(a, a, h0)
