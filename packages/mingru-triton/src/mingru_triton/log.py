@@ -497,9 +497,7 @@ def _scan_fwd(
     whole scan; otherwise that launch does nothing. No host synchronisation either way."""
     gate = None
     if h0 is not None and lean and b_shift == 0 and not reverse and not _log_space:
-        forced = _forced[-1] if _forced else None
-        long_enough = lc.shape[1] >= LOOKBACK_FORWARD_MIN_LENGTH or forced == "lookback"
-        single = _single_pass_plan(lc) if long_enough else None
+        single = _single_pass_plan(lc, min_length=LOOKBACK_FORWARD_MIN_LENGTH)
         if single is not None:
             ptrs = {"coef": lc, "u": b, "init": h0, "hout": h}
             gate = linear._run_lookback(single, ptrs, **_SINGLE_PASS_FORWARD)
@@ -554,12 +552,13 @@ _SINGLE_PASS_ADJOINT = dict.fromkeys(
 time backwards with the next step's coefficient exp(lc), and write d lc, d lb and d h0."""
 
 
-def _single_pass_plan(lc: Tensor) -> linear.ScanPlan | None:
-    """The plan of the single-pass k = 1 kernel for the adjoint of :func:`log_recurrence_fwd` (a linear-space
-    recurrence with coefficients exp(lc)), or None where the log kernel's own plan runs: the k = 1 heuristic
-    (:func:`mingru_triton.linear.scan_plan`, single pass), overridden by :func:`force_strategy`."""
+def _single_pass_plan(lc: Tensor, min_length: int = 0) -> linear.ScanPlan | None:
+    """The plan of the single-pass k = 1 kernel for :func:`log_recurrence_fwd` or its adjoint (linear-space
+    recurrences with coefficients exp(lc)), or None where the log kernel's own plan runs: the k = 1 heuristic
+    (:func:`mingru_triton.linear.scan_plan`, single pass) for T >= ``min_length``, overridden by
+    :func:`force_strategy`."""
     forced = _forced[-1] if _forced else None
-    if forced in ("sequential", "chunked"):
+    if forced in ("sequential", "chunked") or (forced is None and lc.shape[1] < min_length):
         return None
     with linear.force_strategy("lookback") if forced == "lookback" else contextlib.nullcontext():
         plan = linear._plan_for(lc, 1, single_pass=True)
