@@ -695,7 +695,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--budget-min", type=float, default=8.5, help="skip what is left after this many minutes"
     )
     parser.add_argument(
-        "--graph", action="store_true", help="also replay each call from a CUDA graph (the GPU ms column)"
+        "--graph",
+        action="store_true",
+        help="also replay each call from a CUDA graph (the GPU ms column); its first H200 run stopped with a "
+        "CUDA illegal memory access, cause not found (docs/benchmarks.md, round 4)",
     )
     parser.add_argument("--csv", type=Path, default=None, help="append the rows to this CSV")
     parser.add_argument("--summary", type=Path, default=None, help="write the summary table (markdown) here")
