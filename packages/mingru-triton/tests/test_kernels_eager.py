@@ -3,7 +3,9 @@
 
 The interpreter tests check that the eager path runs (its ``grad_fn``) and gives the op's bits, forward and
 backward; the others check when it must not run (tracing, dispatch modes, functorch, subclasses) and that
-the launch helper calls a kernel directly exactly where ``wrap_triton`` would only pass the call on.
+the launch helper calls a kernel directly exactly where ``wrap_triton`` would only pass the call on. The last
+ones cover the other host-side shortcuts: the common-case input test that lets the bodies skip their
+detailed checks, the memoised plans, and None for the pointers a launch does not use.
 """
 
 from __future__ import annotations
@@ -166,3 +168,70 @@ def test_launch_goes_through_wrap_triton_otherwise() -> None:
     with pytest.raises(RuntimeError, match="triton"):
         _launch.launch(spy, (3,), 7, FLAG=1)
     assert spy.calls == []
+
+
+# ------------------------------------------------------------------------------------- host-side shortcuts
+
+
+def test_common_case_holds_only_for_matching_plain_tensors() -> None:
+    a, b, h0 = torch.zeros(2, 5, 3), torch.zeros(2, 5, 3), torch.zeros(2, 3)
+    assert _launch.common_case(a, (b,), h0, device_type="cpu")
+    assert _launch.common_case(torch.nn.Parameter(a), (b,), None, device_type="cpu")
+    assert not _launch.common_case(a, (b,), h0)  # CPU tensors: the detailed checks run (interpreter)
+    misses = {
+        "dtype": (a, (b.double(),), h0),
+        "shape": (a, (torch.zeros(2, 6, 3),), h0),
+        "state shape": (a, (b,), torch.zeros(3, 2)),
+        "state dtype": (a, (b,), h0.half()),
+        "integer": (a.int(), (b.int(),), None),
+        "rank": (a[0], (b[0],), None),
+        "empty T": (a[:, :0], (b[:, :0],), None),
+        "not a tensor": (a, ([0.0],), None),
+    }
+    for name, (first, same, state) in misses.items():
+        assert not _launch.common_case(first, same, state, device_type="cpu"), name  # type: ignore[arg-type]
+    with FakeTensorMode():
+        fake = torch.empty(2, 5, 3, device="cuda")
+        assert not _launch.common_case(fake, (fake,))  # a subclass: the detailed checks run
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_linear_plans_are_memoised_with_the_forced_strategy_in_the_key(itemsize: int) -> None:
+    sizes = [(8, 1024, 1024, 1), (1, 65536, 256, 1), (8, 4096, 1024, 1), (2, 600, 12, 4), (3, 37, 5, 1)]
+    for rows, length, dj, v in sizes:
+        for single in (False, True):
+            args = (rows, length, dj, v, itemsize, 132, 256, single)
+            assert linear.scan_plan(*args) == linear._make_plan(*args, None)
+            with linear.force_strategy("chunked", chunk=64):
+                forced = linear.scan_plan(*args)
+            assert forced == linear._make_plan(*args, ("chunked", 64, None))
+            assert forced.strategy == ("chunked" if length > 64 else "sequential")
+            assert linear.scan_plan(*args) == linear._make_plan(*args, None)
+
+
+def test_log_plans_are_memoised_with_the_forced_strategy_in_the_key() -> None:
+    for batch, steps, width in [(8, 1024, 1024), (1, 65536, 256), (1, 8192, 2048), (2, 37, 5)]:
+        assert log._plan(batch, steps, width) == log._make_plan(batch, steps, width, 132, 256, 4, None)
+        for name in ("sequential", "chunked"):
+            with log.force_strategy(name):
+                forced = log._plan(batch, steps, width)
+            assert forced == log._make_plan(batch, steps, width, 132, 256, 4, name)
+            assert forced.strategy == name or steps <= 256  # one tile: a single chunk runs sequentially
+        assert log._plan(batch, steps, width) == log._make_plan(batch, steps, width, 132, 256, 4, None)
+
+
+@needs_switch
+def test_unused_pointers_are_passed_as_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward of the recurrence reads a, b, h0 and writes h: the other pointers of the generic kernel
+    are None, so the launch neither inspects nor specialises on them."""
+    spy = _SpyKernel()
+    monkeypatch.setattr(linear, "_scan_kernel", spy)
+    a, b, h0 = torch.rand(2, 37, 5), torch.rand(2, 37, 5), torch.rand(2, 5)
+    with _launch._eager_launches(), linear.force_strategy("sequential"):
+        _, h = linear.scan_forward(a, b, h0, 1, False)
+    ((_, args, _),) = spy.calls
+    names = ("coef", "u", "ux", "init", "hcarry", "xcarry", "hout", "xout", "pout", "prevh", "prevx",
+             "prev0", "da", "dinit")  # fmt: skip
+    given = {name: arg for name, arg in zip(names, args, strict=False)}
+    assert given["coef"] is a and given["u"] is b and given["init"] is h0 and given["hout"] is h
+    assert all(given[name] is None for name in names if name not in ("coef", "u", "init", "hout"))

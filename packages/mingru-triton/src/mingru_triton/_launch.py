@@ -130,6 +130,30 @@ def is_fp64(x: Tensor) -> int:
     return int(x.dtype == torch.float64)
 
 
+def common_case(
+    first: Tensor, same: Sequence[Tensor] = (), state: Tensor | None = None, device_type: str = "cuda"
+) -> bool:
+    """Whether the inputs are of the common, valid kind: ``first`` a floating tensor (B, T, D) with T >= 1
+    on a ``device_type`` device, each of ``same`` a tensor of its shape, dtype and device, and ``state``
+    (unless None) a (B, D) tensor of its dtype and device; plain tensors or parameters only. Callers skip
+    their detailed checks when it holds: those run only to name what is wrong (and for CPU tensors under
+    the interpreter), and cost several microseconds of host time per call."""
+    if type(first) not in _PLAIN or first.dtype not in FLOAT_DTYPES or first.dim() != 3:
+        return False
+    shape, dtype, device = first.shape, first.dtype, first.device
+    if device.type != device_type or shape[1] < 1:
+        return False
+    for x in same:
+        if type(x) not in _PLAIN or x.shape != shape or x.dtype != dtype or x.device != device:
+            return False
+    return state is None or (
+        type(state) in _PLAIN
+        and state.shape == (shape[0], shape[2])
+        and state.dtype == dtype
+        and state.device == device
+    )
+
+
 def ensure(condition: bool, message: str) -> None:
     """Raise ``ScanFallback(message)`` unless ``condition``: the envelope check of the SCAN_IMPLS wrappers."""
     if not condition:
@@ -146,9 +170,13 @@ def _cuda_sms(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
+_cuda_available = functools.cache(torch.cuda.is_available)
+
+
 def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (cached per device), or :data:`DEFAULT_SMS` off CUDA."""
-    if device.type == "cuda" and torch.cuda.is_available():
+    """Streaming multiprocessors of ``device`` (cached per device), or :data:`DEFAULT_SMS` off CUDA (fake
+    CUDA tensors on a machine without one)."""
+    if device.type == "cuda" and _cuda_available():
         return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
     return DEFAULT_SMS
 

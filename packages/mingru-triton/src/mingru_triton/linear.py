@@ -28,6 +28,7 @@ and forms da from the stored states of the forward: no division by ``a``, so ``a
 """
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -40,6 +41,7 @@ from torch.library import triton_op
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
 from mingru_triton._launch import (
     cdiv,
+    common_case,
     eager_path,
     grad_or_zeros,
     is_fp64,
@@ -480,8 +482,23 @@ def scan_plan(
     (row, chunk, channel block). ``max_block_t`` caps BLOCK_T (64 for CPU tensors: the interpreter runs
     every row of a tile, masked or not).
     """
-    block_v = next_pow2(max(v, 1))
     forced = _FORCED[-1] if _FORCED else None
+    plan = _cached_plan if type(rows) is type(length) is type(dj) is int else _make_plan  # not SymInts
+    return plan(rows, length, dj, v, itemsize, sms, max_block_t, single_pass, forced)
+
+
+def _make_plan(
+    rows: int,
+    length: int,
+    dj: int,
+    v: int,
+    itemsize: int,
+    sms: int,
+    max_block_t: int,
+    single_pass: bool,
+    forced: tuple[str, int | None, int | None] | None,
+) -> ScanPlan:
+    block_v = next_pow2(max(v, 1))
     if block_v == 1 and single_pass and (forced is None or forced[0] == "lookback"):
         block_j = min(32 * (16 // max(itemsize, 4)), next_pow2(max(dj, 1)))
         njb = cdiv(max(dj, 1), block_j)
@@ -514,6 +531,11 @@ def scan_plan(
     if strategy == "sequential" or chunk is None or chunk >= length:
         return ScanPlan("sequential", block_t, block_j, block_v, num_warps, max(length, 1), 1, njb)
     return ScanPlan("chunked", block_t, block_j, block_v, num_warps, chunk, cdiv(length, chunk), njb)
+
+
+_cached_plan = functools.lru_cache(maxsize=512)(_make_plan)
+""":func:`_make_plan` memoised: a plan is a pure function of its arguments, and planning on every call
+costs microseconds of host time."""
 
 
 def _strategy(rows: int, length: int, dj: int, v: int, itemsize: int, sms: int = 132) -> str:
@@ -576,11 +598,12 @@ def _run(
     nc: int,
     **flags: int,
 ) -> None:
-    """One launch of :func:`_scan_kernel`; pointers not named in ``ptrs`` get a dummy (never touched)."""
+    """One launch of :func:`_scan_kernel`; pointers not named in ``ptrs`` are None (the flags that would
+    read or write them are off, so the kernel never touches them; a None argument is cheaper to launch
+    than a tensor)."""
     names = ("coef", "u", "ux", "init", "hcarry", "xcarry", "hout", "xout", "pout", "prevh", "prevx",
              "prev0", "da", "dinit")  # fmt: skip
-    dummy = ptrs["coef"]
-    args = [ptrs.get(name, dummy) for name in names]
+    args = [ptrs.get(name) for name in names]
     meta = {name: int(flags.get(name, 0)) for name in _FLAGS}
     grid = (rows * nc * plan.num_jblocks,)
     launch(
@@ -599,7 +622,7 @@ def _plan_for(coef: Tensor, v: int, single_pass: bool = False) -> ScanPlan:
 
 def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor:
     """One launch of :func:`_lookback_kernel` (one program per tile) with its status buffers, called like
-    :func:`_run`: pointers it does not name get a dummy (never touched); flags it does not take are ignored,
+    :func:`_run`: pointers it does not name are None (never touched); flags it does not take are ignored,
     those it takes default to 0. Returns the int32 status buffer; its last element is the flag of a BAIL
     launch (1 if set)."""
     coef = ptrs["coef"]
@@ -610,7 +633,7 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tens
     flag_buf = torch.zeros(tiles + 2, dtype=torch.int32, device=coef.device)
     agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
     inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
-    args = [ptrs.get(name, coef) for name in _LOOKBACK_PTRS]
+    args = [ptrs.get(name) for name in _LOOKBACK_PTRS]
     meta = {name: int(flags.get(name, 0)) for name in _LOOKBACK_FLAGS}
     launch(
         _lookback_kernel, (tiles,), *args, agg, inc, flag_buf, length, dj, plan.num_jblocks, chains,
@@ -746,6 +769,8 @@ def check_kernel_device(name: str, x: Tensor) -> None:
 
 
 def _check_btd(names: Sequence[str], tensors: Sequence[Tensor]) -> None:
+    if common_case(tensors[0], tensors[1:]):
+        return
     first = check_float_tensor(names[0], tensors[0], 3, "(B, T, D)")
     for name, x in zip(names[1:], tensors[1:], strict=True):
         check_float_tensor(name, x, 3, "(B, T, D)")
@@ -756,6 +781,8 @@ def _check_btd(names: Sequence[str], tensors: Sequence[Tensor]) -> None:
 
 
 def _check_state(name: str, x: Tensor, a: Tensor) -> None:
+    if common_case(a, (), x):
+        return
     check_float_tensor(name, x, 2, "(B, D)")
     check_shape(name, x, (a.shape[0], a.shape[2]), "(B, D)")
     check_same_device_dtype({"a": a, name: x})

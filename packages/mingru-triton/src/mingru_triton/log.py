@@ -26,6 +26,7 @@ kernel runs it, reading the log coefficients and log b directly.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from mingru_triton import linear
 from mingru_triton._launch import (
     DEFAULT_SMS,
     cdiv,
+    common_case,
     eager_path,
     grad_or_zeros,
     is_fp64,
@@ -406,10 +408,17 @@ def _plan(
     32-channel tiles and 4 warps, and enough chunks (each >= 2 tiles, at most 256) to give about 4
     programs per SM. These are the k = 1 kernel's tiles (see :func:`mingru_triton.linear.scan_plan`).
     """
+    forced = _forced[-1] if _forced and _forced[-1] != "lookback" else None
+    plan = _cached_plan if type(batch) is type(steps) is type(width) is int else _make_plan  # not SymInts
+    return plan(batch, steps, width, sms, max_block_t, itemsize, forced)
+
+
+def _make_plan(
+    batch: int, steps: int, width: int, sms: int, max_block_t: int, itemsize: int, forced: str | None
+) -> _Plan:
     block_d = min(16 if itemsize <= 2 else 8, next_pow2(max(width, 1)))
     block_t = min(max(16, 2048 // block_d), max_block_t)
     num_warps = 1
-    forced = _forced[-1] if _forced and _forced[-1] != "lookback" else None
     few = batch * cdiv(width, block_d) < 2 * sms and steps > 4 * block_t
     if forced == "chunked" or (forced is None and few):
         block_d = min(32, next_pow2(max(width, 1)))
@@ -429,6 +438,10 @@ def _plan(
     if strategy == "sequential":
         chunk = max(steps, 1)
     return _Plan(strategy, block_t, block_d, num_warps, chunk, n_chunks)
+
+
+_cached_plan = functools.lru_cache(maxsize=512)(_make_plan)
+""":func:`_make_plan` memoised (a pure function of its arguments): planning costs microseconds per call."""
 
 
 def _strategy(batch: int, steps: int, width: int, sms: int = DEFAULT_SMS) -> str:
@@ -474,11 +487,12 @@ def _check_device_and_envelope(x: Tensor, name: str) -> None:
         raise ValueError(reason)
 
 
-def _work(x: Tensor, plan: _Plan) -> Tensor:
-    """Per-chunk summaries (B, n_chunks, D) in the accumulation dtype; a stub for the sequential strategy."""
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+def _work(x: Tensor, plan: _Plan) -> Tensor | None:
+    """Per-chunk summaries (B, n_chunks, D) in the accumulation dtype; None for the sequential strategy
+    (whose launch never touches them)."""
     if plan.strategy == "sequential":
-        return torch.empty(1, dtype=dtype, device=x.device)
+        return None
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     return torch.empty((x.shape[0], plan.n_chunks, x.shape[2]), dtype=dtype, device=x.device)
 
 
@@ -507,7 +521,7 @@ def _scan_fwd(
     plan = _device_plan(lc)
     grid = (batch * cdiv(width, plan.block_d) * plan.n_chunks,)
     sums, ends = _work(lc, plan), _work(lc, plan)
-    gate_args = (lc, 0) if gate is None else (gate, gate.numel() - 1)
+    gate_args = (None, 0) if gate is None else (gate, gate.numel() - 1)
     args: tuple[Any, ...] = (lc, b, h0, h, sums, ends, *gate_args, steps, width)
     args = (
         *args,
@@ -691,7 +705,9 @@ parallel_scan_log_fwd.register_autograd(_log_backward, setup_context=_log_setup_
 # ---------------------------------------------------------------------------------------- recurrence form
 
 
-def _check_recurrence_inputs(log_coeffs: object, log_b: object, h0: object) -> None:
+def _check_recurrence_inputs(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> None:
+    if common_case(log_coeffs, (log_b,), h0):
+        return
     log_coeffs = check_float_tensor("log_coeffs", log_coeffs, 3, "(B, T, D)")
     log_b = _check_like("log_b", log_b, log_coeffs, "like log_coeffs (B, T, D)")
     h0 = check_float_tensor("h0", h0, 2, "(B, D)")
@@ -712,10 +728,11 @@ def _recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
 def _recurrence_bwd(
     log_coeffs: Tensor, log_b: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    _check_recurrence_inputs(log_coeffs, log_b, h0)
-    _check_like("h", h, log_coeffs, "like log_coeffs (B, T, D)")
-    _check_like("grad_h", grad_h, log_coeffs, "like log_coeffs (B, T, D)")
-    check_same_device_dtype({"log_coeffs": log_coeffs, "h": h, "grad_h": grad_h})
+    if not common_case(log_coeffs, (log_b, h, grad_h), h0):
+        _check_recurrence_inputs(log_coeffs, log_b, h0)
+        _check_like("h", h, log_coeffs, "like log_coeffs (B, T, D)")
+        _check_like("grad_h", grad_h, log_coeffs, "like log_coeffs (B, T, D)")
+        check_same_device_dtype({"log_coeffs": log_coeffs, "h": h, "grad_h": grad_h})
     _check_device_and_envelope(log_coeffs, "log_coeffs")
     log_coeffs, log_b, h0 = log_coeffs.contiguous(), log_b.contiguous(), h0.contiguous()
     h, grad_h = h.contiguous(), grad_h.contiguous()
