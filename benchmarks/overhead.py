@@ -6,6 +6,8 @@ three ways on CUDA:
 
 - ``wall``: a loop of calls, synchronised only at the ends, over the number of calls (host-bound when the
   host is slower than the GPU);
+- ``cpu``: the process CPU time of that loop per call (all threads; the host's own work, without the
+  waits for the autograd thread to wake, which make ``wall`` vary between runs);
 - ``do_bench``: the median of ``triton.testing.do_bench`` (what ``bench.py`` reports);
 - ``graph``: the median of ``triton.testing.do_bench_cudagraph`` (replayed from a CUDA graph: GPU time only).
 
@@ -80,35 +82,40 @@ def calls(shape: tuple[int, int, int], device: torch.device, with_peer: bool) ->
     return found
 
 
-def _run_calls(fn: Callable[[], Any], n: int, cuda: bool, profiler: cProfile.Profile | None = None) -> float:
-    """Seconds for ``n`` back-to-back calls of ``fn`` after a few warm-up calls, synchronised only at the ends
-    (under ``profiler`` when given)."""
+def _run_calls(
+    fn: Callable[[], Any], n: int, cuda: bool, profiler: cProfile.Profile | None = None
+) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of ``n`` back-to-back calls of ``fn`` after a few warm-up calls,
+    synchronised only at the ends (under ``profiler`` when given)."""
     for _ in range(min(n, 10)):
         fn()
     if cuda:
         torch.cuda.synchronize()
     if profiler is not None:
         profiler.enable()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     for _ in range(n):
         fn()
     if cuda:
         torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     if profiler is not None:
         profiler.disable()
-    return seconds
+    return seconds, cpu
 
 
-def wall_us(fn: Callable[[], Any], n: int, cuda: bool) -> float:
-    """Microseconds per call over ``n`` back-to-back calls (after a few warm-up calls)."""
-    return _run_calls(fn, n, cuda) / n * 1e6
+def wall_us(fn: Callable[[], Any], n: int, cuda: bool) -> tuple[float, float]:
+    """(wall, CPU) microseconds per call over ``n`` back-to-back calls (after a few warm-up calls). CPU is
+    the time all the process's threads ran: unlike wall time it leaves out waiting for a thread to wake
+    (the autograd thread of each backward), so it moves less between runs on a busy host."""
+    seconds, cpu = _run_calls(fn, n, cuda)
+    return seconds / n * 1e6, cpu / n * 1e6
 
 
 def measure(name: str, fn: Callable[[], Any], args: argparse.Namespace, cuda: bool) -> str:
-    wall = wall_us(fn, args.calls, cuda)
+    wall, cpu = wall_us(fn, args.calls, cuda)
     if not cuda:
-        return f"{name:28} wall {wall:10.1f} us"
+        return f"{name:28} wall {wall:10.1f} us   cpu {cpu:10.1f} us"
     from triton.testing import do_bench, do_bench_cudagraph
 
     bench = do_bench(fn, warmup=10, rep=args.rep, return_mode="median") * 1e3
@@ -116,7 +123,7 @@ def measure(name: str, fn: Callable[[], Any], args: argparse.Namespace, cuda: bo
         graph = f"{do_bench_cudagraph(fn, rep=args.rep, return_mode='median') * 1e3:10.1f} us"
     except Exception as exc:  # a call that cannot be captured in a CUDA graph
         graph = f"not captured ({type(exc).__name__})"
-    return f"{name:28} wall {wall:10.1f} us   do_bench {bench:10.1f} us   graph {graph}"
+    return f"{name:28} wall {wall:10.1f} us   cpu {cpu:10.1f} us   do_bench {bench:10.1f} us   graph {graph}"
 
 
 def profile(fn: Callable[[], Any], n: int, cuda: bool, top: int = 22) -> str:

@@ -126,6 +126,8 @@ class Runner:
         self.slow: dict[tuple[str, str, str, str], tuple[float, int]] = {}
         self.rows: list[dict[str, Any]] = []
         self.run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if args.cpu is not None:
+            self.run_id += f" cpu {args.cpu}"
         self.env = self._environment()
         self.writer: Any = None
         if args.csv is not None:
@@ -700,6 +702,14 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also replay each call from a CUDA graph (the GPU ms column); its first H200 run stopped with a "
         "CUDA illegal memory access, cause not found (docs/benchmarks.md, round 4)",
     )
+    parser.add_argument(
+        "--cpu",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run on host CPU core N alone (Linux): the autograd thread of each backward then wakes on the "
+        "same core, which takes most of the scatter out of host-bound rows; the run id says so",
+    )
     parser.add_argument("--csv", type=Path, default=None, help="append the rows to this CSV")
     parser.add_argument("--summary", type=Path, default=None, help="write the summary table (markdown) here")
     parser.add_argument(
@@ -716,6 +726,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--smoke", action="store_true", help="CPU, tiny shapes, kernels under TRITON_INTERPRET"
     )
     args = parser.parse_args(argv)
+    if args.cpu is not None:
+        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if args.cpu not in allowed:
+            parser.error(f"--cpu must be one of the cores this process may run on {allowed}, got {args.cpu}")
     if args.rep is None:
         args.rep = 30.0 if args.quick else 60.0
     if args.warmup is None:
@@ -774,6 +788,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.smoke:
         peers.COMPILE["enabled"] = False
+    if args.cpu is not None:  # before the first backward starts autograd's device threads, which inherit it
+        os.sched_setaffinity(0, {args.cpu})
     selected = select(args)
     if args.list:
         list_cases(selected, args)
