@@ -7,6 +7,7 @@ each environment), so no run needs the network once the environments exist.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import zipfile
@@ -191,7 +192,8 @@ def bench_smoke(session: nox.Session) -> None:
     bench = str(ROOT / "benchmarks" / "bench.py")
     table = Path(session.create_tmp()) / "smoke.csv"
     table.unlink(missing_ok=True)
-    session.run("python", bench, "--smoke", "--csv", str(table), *session.posargs)
+    pin = ("--cpu", str(min(os.sched_getaffinity(0)))) if hasattr(os, "sched_getaffinity") else ()
+    session.run("python", bench, "--smoke", *pin, "--csv", str(table), *session.posargs)
     session.run("python", bench, "--summary-from", str(table))
     for family in ("linear", "log"):
         session.run("python", str(ROOT / "benchmarks" / "sweep.py"), "--smoke", "--family", family)
