@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -160,6 +161,77 @@ class RecurrentLayer(nn.Module):
 def log_g(x: Tensor) -> Tensor:
     """``log g(x)`` for the paper's positive activation ``g(x) = x + 0.5 (x >= 0), sigmoid(x) (x < 0)``."""
     return torch.where(x >= 0, torch.log(torch.relu(x) + 0.5), -nn.functional.softplus(-x))
+
+
+class _LogGates(torch.autograd.Function):
+    """(k, v) -> (log a, log b) = (-softplus(k), -softplus(-k) + log g(v)), saving only k and v.
+
+    Left to autograd, these elementwise maps save about five tensors of k's size (-k, -v, relu(v),
+    relu(v) + 0.5, two masks); here the backward computes the derivatives from k and v:
+    d k = sigmoid(-k) d log b - sigmoid(k) d log a and d v = d log b (1 / (v + 0.5) for v >= 0, else
+    sigmoid(-v)). The forward runs the same operations as ``log_g`` does.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return -nn.functional.softplus(k), -nn.functional.softplus(-k) + log_g(v)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Any) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, d_log_a: Tensor, d_log_b: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = ctx.saved_tensors
+        d_k = torch.sigmoid(-k) * d_log_b - torch.sigmoid(k) * d_log_a
+        d_log_g = torch.where(v >= 0, (torch.relu(v) + 0.5).reciprocal(), torch.sigmoid(-v))
+        return d_k, d_log_b * d_log_g
+
+
+class _LinearGates(torch.autograd.Function):
+    """(k, v) -> (a, b) = (sigmoid(-k), sigmoid(k) v), or a = -tanh(k / 2) with ``negative``; saves k, v.
+
+    d k = sigmoid(k) sigmoid(-k) (v d b - d a) (-(1 - tanh(k / 2)^2) / 2 d a for the negative gate) and
+    d v = sigmoid(k) d b.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(k: Tensor, v: Tensor, negative: bool) -> tuple[Tensor, Tensor]:
+        a = -torch.tanh(0.5 * k) if negative else torch.sigmoid(-k)
+        return a, torch.sigmoid(k) * v
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, bool], output: Any) -> None:
+        k, v, ctx.negative = inputs
+        ctx.save_for_backward(k, v)
+
+    @staticmethod
+    def backward(ctx: Any, d_a: Tensor, d_b: Tensor) -> tuple[Tensor, Tensor, None]:
+        k, v = ctx.saved_tensors
+        z = torch.sigmoid(k)
+        slope = z * torch.sigmoid(-k)
+        if ctx.negative:
+            tanh = torch.tanh(0.5 * k)
+            d_k = slope * v * d_b - 0.5 * (1 - tanh * tanh) * d_a
+        else:
+            d_k = slope * (v * d_b - d_a)
+        return d_k, z * d_b, None
+
+
+def log_gates(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """``(log a, log b) = (-softplus(k), -softplus(-k) + log g(v))``: the log-space coefficients of a gate
+    ``z = sigmoid(k)`` (``a = 1 - z``, ``b = z g(v)``). Differentiable; saves only ``k`` and ``v``."""
+    return _LogGates.apply(k, v)
+
+
+def linear_gates(k: Tensor, v: Tensor, negative: bool = False) -> tuple[Tensor, Tensor]:
+    """``(a, b) = (1 - z, z v)`` with ``z = sigmoid(k)`` (``a = 1 - 2z = -tanh(k / 2)`` when ``negative``).
+    Differentiable; saves only ``k`` and ``v``."""
+    return _LinearGates.apply(k, v, negative)
 
 
 class ScalarGatedLayer(RecurrentLayer):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
-from torch.nn import functional as F
 
-from mingru.layers._common import ScalarGatedLayer, check_bool, log_g
+from mingru.layers._common import ScalarGatedLayer, check_bool, linear_gates, log_gates
 
 
 class MinGRU(ScalarGatedLayer):
@@ -45,12 +43,11 @@ class MinGRU(ScalarGatedLayer):
 
     def _log_coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
         k, h_tilde = pre.chunk(2, dim=-1)
-        return -F.softplus(k), -F.softplus(-k) + log_g(h_tilde)
+        return log_gates(k, h_tilde)
 
     def _coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
         k, h_tilde = pre.chunk(2, dim=-1)
-        a = -torch.tanh(0.5 * k) if self.negative_gates else torch.sigmoid(-k)
-        return a, torch.sigmoid(k) * h_tilde
+        return linear_gates(k, h_tilde, self.negative_gates)
 
     def extra_repr(self) -> str:
         return (

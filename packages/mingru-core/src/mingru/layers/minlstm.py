@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from mingru.layers._common import ScalarGatedLayer, log_g
+from mingru.layers._common import ScalarGatedLayer, linear_gates, log_gates
 
 
 class MinLSTM(ScalarGatedLayer):
@@ -36,12 +35,10 @@ class MinLSTM(ScalarGatedLayer):
         return F.softplus(-pre_f) - F.softplus(-pre_i), h_tilde
 
     def _log_coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
-        diff, h_tilde = self._gate_difference(pre)
-        return -F.softplus(diff), -F.softplus(-diff) + log_g(h_tilde)
+        return log_gates(*self._gate_difference(pre))
 
     def _coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
-        diff, h_tilde = self._gate_difference(pre)
-        return torch.sigmoid(-diff), torch.sigmoid(diff) * h_tilde
+        return linear_gates(*self._gate_difference(pre))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, hidden={self.hidden}, mode={self.mode!r}"
