@@ -1,4 +1,4 @@
-"""The gate maps of MinGRU and MinLSTM (``log_gates``, ``linear_gates``): the plain formulas' values, their
+"""The log-space gate map of MinGRU and MinLSTM (``log_gates``): the plain formulas' values, their
 derivatives, and only the two inputs saved for the backward (the memory of a training step)."""
 
 from __future__ import annotations
@@ -11,16 +11,11 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from mingru.layers import MinGRU
-from mingru.layers._common import linear_gates, log_g, log_gates
+from mingru.layers._common import log_g, log_gates
 
 
 def plain_log(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return -F.softplus(k), -F.softplus(-k) + log_g(v)
-
-
-def plain_linear(k: Tensor, v: Tensor, negative: bool = False) -> tuple[Tensor, Tensor]:
-    a = -torch.tanh(0.5 * k) if negative else torch.sigmoid(-k)
-    return a, torch.sigmoid(k) * v
 
 
 def _inputs(dtype: torch.dtype, shape: tuple[int, ...] = (3, 17, 5)) -> tuple[Tensor, Tensor]:
@@ -31,39 +26,26 @@ def _inputs(dtype: torch.dtype, shape: tuple[int, ...] = (3, 17, 5)) -> tuple[Te
     return k, v
 
 
-GATES: dict[str, tuple[Callable[..., tuple[Tensor, Tensor]], Callable[..., tuple[Tensor, Tensor]]]] = {
-    "log": (log_gates, plain_log),
-    "linear": (linear_gates, plain_linear),
-    "linear-negative": (lambda k, v: linear_gates(k, v, True), lambda k, v: plain_linear(k, v, True)),
-}
-
-
-@pytest.mark.parametrize("name", list(GATES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_values_are_the_plain_formulas_bits(name: str, dtype: torch.dtype) -> None:
-    fn, plain = GATES[name]
+def test_values_are_the_plain_formulas_bits(dtype: torch.dtype) -> None:
     k, v = _inputs(dtype)
-    for got, want in zip(fn(k, v), plain(k, v), strict=True):
+    for got, want in zip(log_gates(k, v), plain_log(k, v), strict=True):
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("name", list(GATES))
-def test_gradients_match_autograd_of_the_plain_formulas(name: str) -> None:
-    fn, plain = GATES[name]
+def test_gradients_match_autograd_of_the_plain_formulas() -> None:
     k, v = (x.requires_grad_() for x in _inputs(torch.float64))
     grads = [torch.randn_like(k), torch.randn_like(k)]
-    got = torch.autograd.grad(fn(k, v), (k, v), grads)
-    want = torch.autograd.grad(plain(k, v), (k, v), grads)
+    got = torch.autograd.grad(log_gates(k, v), (k, v), grads)
+    want = torch.autograd.grad(plain_log(k, v), (k, v), grads)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", list(GATES))
-def test_gradcheck_and_gradgradcheck(name: str) -> None:
-    fn, _ = GATES[name]
+def test_gradcheck_and_gradgradcheck() -> None:
     k, v = (x.requires_grad_() for x in _inputs(torch.float64, (2, 3, 4)))
-    assert torch.autograd.gradcheck(fn, (k, v))
-    assert torch.autograd.gradgradcheck(fn, (k, v))
+    assert torch.autograd.gradcheck(log_gates, (k, v))
+    assert torch.autograd.gradgradcheck(log_gates, (k, v))
 
 
 def test_log_g_derivative_at_zero_is_the_right_one() -> None:
@@ -75,9 +57,7 @@ def test_log_g_derivative_at_zero_is_the_right_one() -> None:
     assert d_v.item() == 2.0
 
 
-@pytest.mark.parametrize("name", list(GATES))
-def test_only_the_inputs_are_saved(name: str) -> None:
-    fn, plain = GATES[name]
+def test_only_the_inputs_are_saved() -> None:
     k, v = (x.requires_grad_() for x in _inputs(torch.float32))
 
     def saved_bytes(f: Callable[..., tuple[Tensor, Tensor]]) -> tuple[int, set[int]]:
@@ -91,10 +71,10 @@ def test_only_the_inputs_are_saved(name: str) -> None:
             f(k, v)
         return sum(seen.values()), set(seen)
 
-    got, storages = saved_bytes(fn)
+    got, storages = saved_bytes(log_gates)
     assert storages == {k.untyped_storage().data_ptr(), v.untyped_storage().data_ptr()}
     assert got == 2 * k.nbytes
-    plain_bytes, _ = saved_bytes(plain)
+    plain_bytes, _ = saved_bytes(plain_log)
     assert got < plain_bytes
 
 
@@ -103,8 +83,8 @@ def test_functorch_grad_and_vmap() -> None:
     got = torch.func.grad(lambda k_: log_gates(k_, v)[1].sum())(k)
     want = torch.func.grad(lambda k_: plain_log(k_, v)[1].sum())(k)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    batched = torch.vmap(lambda k_, v_: linear_gates(k_, v_)[1])(k, v)
-    assert torch.equal(batched, plain_linear(k, v)[1])
+    batched = torch.vmap(lambda k_, v_: log_gates(k_, v_)[1])(k, v)
+    assert torch.equal(batched, plain_log(k, v)[1])
 
 
 def test_a_mingru_training_step_saves_less_than_with_the_plain_formulas(

@@ -190,48 +190,10 @@ class _LogGates(torch.autograd.Function):
         return d_k, d_log_b * d_log_g
 
 
-class _LinearGates(torch.autograd.Function):
-    """(k, v) -> (a, b) = (sigmoid(-k), sigmoid(k) v), or a = -tanh(k / 2) with ``negative``; saves k, v.
-
-    d k = sigmoid(k) sigmoid(-k) (v d b - d a) (-(1 - tanh(k / 2)^2) / 2 d a for the negative gate) and
-    d v = sigmoid(k) d b.
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(k: Tensor, v: Tensor, negative: bool) -> tuple[Tensor, Tensor]:
-        a = -torch.tanh(0.5 * k) if negative else torch.sigmoid(-k)
-        return a, torch.sigmoid(k) * v
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, bool], output: Any) -> None:
-        k, v, ctx.negative = inputs
-        ctx.save_for_backward(k, v)
-
-    @staticmethod
-    def backward(ctx: Any, d_a: Tensor, d_b: Tensor) -> tuple[Tensor, Tensor, None]:
-        k, v = ctx.saved_tensors
-        z = torch.sigmoid(k)
-        slope = z * torch.sigmoid(-k)
-        if ctx.negative:
-            tanh = torch.tanh(0.5 * k)
-            d_k = slope * v * d_b - 0.5 * (1 - tanh * tanh) * d_a
-        else:
-            d_k = slope * (v * d_b - d_a)
-        return d_k, z * d_b, None
-
-
 def log_gates(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """``(log a, log b) = (-softplus(k), -softplus(-k) + log g(v))``: the log-space coefficients of a gate
     ``z = sigmoid(k)`` (``a = 1 - z``, ``b = z g(v)``). Differentiable; saves only ``k`` and ``v``."""
     return _LogGates.apply(k, v)
-
-
-def linear_gates(k: Tensor, v: Tensor, negative: bool = False) -> tuple[Tensor, Tensor]:
-    """``(a, b) = (1 - z, z v)`` with ``z = sigmoid(k)`` (``a = 1 - 2z = -tanh(k / 2)`` when ``negative``).
-    Differentiable; saves only ``k`` and ``v``."""
-    return _LinearGates.apply(k, v, negative)
 
 
 class ScalarGatedLayer(RecurrentLayer):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from mingru.layers._common import ScalarGatedLayer, check_bool, linear_gates, log_gates
+from mingru.layers._common import ScalarGatedLayer, check_bool, log_gates
 
 
 class MinGRU(ScalarGatedLayer):
@@ -47,7 +48,8 @@ class MinGRU(ScalarGatedLayer):
 
     def _coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
         k, h_tilde = pre.chunk(2, dim=-1)
-        return linear_gates(k, h_tilde, self.negative_gates)
+        a = -torch.tanh(0.5 * k) if self.negative_gates else torch.sigmoid(-k)
+        return a, torch.sigmoid(k) * h_tilde
 
     def extra_repr(self) -> str:
         return (

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from mingru.layers._common import ScalarGatedLayer, linear_gates, log_gates
+from mingru.layers._common import ScalarGatedLayer, log_gates
 
 
 class MinLSTM(ScalarGatedLayer):
@@ -38,7 +39,8 @@ class MinLSTM(ScalarGatedLayer):
         return log_gates(*self._gate_difference(pre))
 
     def _coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
-        return linear_gates(*self._gate_difference(pre))
+        diff, h_tilde = self._gate_difference(pre)
+        return torch.sigmoid(-diff), torch.sigmoid(diff) * h_tilde
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, hidden={self.hidden}, mode={self.mode!r}"
