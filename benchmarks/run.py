@@ -700,7 +700,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--graph",
         action="store_true",
         help="also replay each call from a CUDA graph (the GPU ms column); its first H200 run stopped with a "
-        "CUDA illegal memory access, cause not found (docs/benchmarks.md, round 4)",
+        "CUDA illegal memory access at accelerated-scan's row, which that peer also raised twice without "
+        "--graph (docs/benchmarks.md, rounds 4 and 5)",
     )
     parser.add_argument(
         "--cpu",
