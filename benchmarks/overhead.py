@@ -6,8 +6,8 @@ three ways on CUDA:
 
 - ``wall``: a loop of calls, synchronised only at the ends, over the number of calls (host-bound when the
   host is slower than the GPU);
-- ``cpu``: the process CPU time of that loop per call (all threads; the host's own work, without the
-  waits for the autograd thread to wake, which make ``wall`` vary between runs);
+- ``cpu``: the process CPU time of that loop per call (all threads): the host's own work, equal to
+  ``wall`` where the host is busy throughout and below it where a thread waits;
 - ``do_bench``: the median of ``triton.testing.do_bench`` (what ``bench.py`` reports);
 - ``graph``: the median of ``triton.testing.do_bench_cudagraph`` (replayed from a CUDA graph: GPU time only).
 
@@ -105,9 +105,8 @@ def _run_calls(
 
 
 def wall_us(fn: Callable[[], Any], n: int, cuda: bool) -> tuple[float, float]:
-    """(wall, CPU) microseconds per call over ``n`` back-to-back calls (after a few warm-up calls). CPU is
-    the time all the process's threads ran: unlike wall time it leaves out waiting for a thread to wake
-    (the autograd thread of each backward), so it moves less between runs on a busy host."""
+    """(wall, CPU) microseconds per call over ``n`` back-to-back calls (after a few warm-up calls); CPU is
+    the time all the process's threads ran."""
     seconds, cpu = _run_calls(fn, n, cuda)
     return seconds / n * 1e6, cpu / n * 1e6
 

@@ -708,8 +708,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="N",
-        help="run on host CPU core N alone (Linux): the autograd thread of each backward then wakes on the "
-        "same core, which takes most of the scatter out of host-bound rows; the run id says so",
+        help="run on host CPU core N alone (Linux), autograd's device thread included: host-bound rows "
+        "change with it (docs/benchmarks.md, round 5), so the run id names the core",
     )
     parser.add_argument("--csv", type=Path, default=None, help="append the rows to this CSV")
     parser.add_argument("--summary", type=Path, default=None, help="write the summary table (markdown) here")
