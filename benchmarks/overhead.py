@@ -104,7 +104,7 @@ def _run_calls(
     return seconds, cpu
 
 
-def wall_us(fn: Callable[[], Any], n: int, cuda: bool) -> tuple[float, float]:
+def per_call_us(fn: Callable[[], Any], n: int, cuda: bool) -> tuple[float, float]:
     """(wall, CPU) microseconds per call over ``n`` back-to-back calls (after a few warm-up calls); CPU is
     the time all the process's threads ran."""
     seconds, cpu = _run_calls(fn, n, cuda)
@@ -112,7 +112,7 @@ def wall_us(fn: Callable[[], Any], n: int, cuda: bool) -> tuple[float, float]:
 
 
 def measure(name: str, fn: Callable[[], Any], args: argparse.Namespace, cuda: bool) -> str:
-    wall, cpu = wall_us(fn, args.calls, cuda)
+    wall, cpu = per_call_us(fn, args.calls, cuda)
     if not cuda:
         return f"{name:28} wall {wall:10.1f} us   cpu {cpu:10.1f} us"
     from triton.testing import do_bench, do_bench_cudagraph

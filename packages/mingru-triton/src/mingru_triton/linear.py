@@ -768,8 +768,10 @@ def check_kernel_device(name: str, x: Tensor) -> None:
         )
 
 
-def _check_btd(names: Sequence[str], tensors: Sequence[Tensor]) -> None:
-    if common_case(tensors[0], tensors[1:]):
+def _check_btd(names: Sequence[str], tensors: Sequence[Tensor], h0: Tensor | None = None) -> None:
+    """Check (B, T, D) inputs of one shape, dtype and device, and the initial state ``h0`` (B, D) when given:
+    one common-case test, the detailed checks (which name what is wrong) only when it fails."""
+    if common_case(tensors[0], tensors[1:], h0):
         return
     first = check_float_tensor(names[0], tensors[0], 3, "(B, T, D)")
     for name, x in zip(names[1:], tensors[1:], strict=True):
@@ -778,14 +780,10 @@ def _check_btd(names: Sequence[str], tensors: Sequence[Tensor]) -> None:
     check_same_device_dtype(dict(zip(names, tensors, strict=True)))
     check_kernel_device(names[0], first)
     _check_envelope(linear_envelope(first, tensors[1]))
-
-
-def _check_state(name: str, x: Tensor, a: Tensor) -> None:
-    if common_case(a, (), x):
-        return
-    check_float_tensor(name, x, 2, "(B, D)")
-    check_shape(name, x, (a.shape[0], a.shape[2]), "(B, D)")
-    check_same_device_dtype({"a": a, name: x})
+    if h0 is not None:
+        check_float_tensor("h0", h0, 2, "(B, D)")
+        check_shape("h0", h0, (first.shape[0], first.shape[2]), "(B, D)")
+        check_same_device_dtype({names[0]: first, "h0": h0})
 
 
 @triton_op("mingru::linear_scan_fwd", mutates_args=())
@@ -816,16 +814,14 @@ def linear_scan_bwd(a: Tensor, A: Tensor, Bc: Tensor, gA: Tensor, gBc: Tensor) -
 
 
 def _recurrence_fwd(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
-    _check_btd(("a", "b"), (a, b))
-    _check_state("h0", h0, a)
+    _check_btd(("a", "b"), (a, b), h0)
     a, b, h0 = a.contiguous(), b.contiguous(), h0.contiguous()
     _, h = scan_forward(a, b, h0, 1, False)
     return h
 
 
 def _recurrence_bwd(a: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    _check_btd(("a", "h", "grad_h"), (a, h, grad_h))
-    _check_state("h0", h0, a)
+    _check_btd(("a", "h", "grad_h"), (a, h, grad_h), h0)
     a, h0, h, grad_h = (x.contiguous() for x in (a, h0, h, grad_h))
     da, db, dh0 = scan_backward(a, grad_h, None, h, h0, None, 1, True)
     assert dh0 is not None
