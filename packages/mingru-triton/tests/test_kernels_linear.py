@@ -276,16 +276,28 @@ def test_strategy_heuristic() -> None:
         assert plan.strategy == "sequential" and plan.num_warps == 1
         assert (plan.block_j, plan.block_t) == (block_j, 2048 // block_j)
     assert linear.scan_plan(1, 8192, 2048, 1, 4).strategy == "chunked"  # 256 narrow programs < 2 x 132
-    # the single-pass kernel, for scans without a running product: 4 channels per lane (2 for 8-byte types)
-    for itemsize, block_j in ((4, 128), (2, 128), (8, 64)):
-        plan = linear.scan_plan(8, 16384, 1024, 1, itemsize, single_pass=True)
-        assert (plan.strategy, plan.block_j, plan.block_t, plan.num_warps) == ("lookback", block_j, 16, 1)
-        assert plan.num_chunks == 1024 and plan.num_jblocks == 1024 // block_j
-    assert linear.scan_plan(1, 8192, 2048, 1, 4, single_pass=True).strategy == "lookback"  # 16 chains
-    assert linear.scan_plan(1, 8192, 2048, 1, 2, single_pass=True).strategy == "lookback"  # 16 chains
-    assert linear.scan_plan(1, 8192, 1024, 1, 2, single_pass=True).strategy == "chunked"  # 8 chains
-    assert linear.scan_plan(1, 65536, 256, 1, 4, single_pass=True).strategy == "chunked"  # 2 chains
-    assert linear.scan_plan(8, 2048, 1024, 1, 2, single_pass=True).strategy == "lookback"
+    # the single-pass kernel, for scans without a running product: (channels, steps, warps) per tile
+    def tile(rows: int, length: int, dj: int, itemsize: int) -> tuple[str, int, int, int]:
+        plan = linear.scan_plan(rows, length, dj, 1, itemsize, single_pass=True)
+        if plan.strategy == "lookback":
+            assert plan.num_chunks == -(-length // plan.block_t) and plan.num_jblocks == -(-dj // plan.block_j)
+        return plan.strategy, plan.block_j, plan.block_t, plan.num_warps
+
+    assert tile(8, 16384, 1024, 4) == ("lookback", 128, 16, 1)  # 64 chains of 128 channels
+    assert tile(8, 16384, 1024, 2) == ("lookback", 32, 32, 1)
+    assert tile(8, 16384, 1024, 8) == ("lookback", 64, 16, 1)
+    assert tile(1, 8192, 2048, 4) == ("lookback", 32, 64, 2)  # 16 chains of 128 channels
+    assert tile(2, 65536, 1024, 4) == ("lookback", 32, 64, 2)
+    assert tile(1, 8192, 2048, 2) == ("lookback", 32, 32, 1)
+    assert tile(1, 65536, 256, 4) == ("lookback", 32, 128, 4)  # 8 chains of 32 channels
+    assert tile(1, 65536, 512, 2) == ("lookback", 32, 128, 4)  # 16
+    assert tile(1, 65536, 544, 2) == ("lookback", 32, 32, 1)  # 17
+    assert tile(1, 65536, 224, 4)[0] == "chunked"  # 7 chains
+    assert tile(7, 4096, 32, 4)[0] == "chunked"
+    assert tile(8, 2048, 32, 4) == ("lookback", 32, 128, 4)
+    assert tile(8, 2048, 1024, 2)[0] == "lookback"
+    assert tile(8, 4096, 5, 4) == ("lookback", 8, 128, 4)  # block_j <= next_pow2(D)
+    assert linear.scan_plan(1, 65536, 256, 1, 4, max_block_t=64, single_pass=True).block_t == 64  # CPU
     assert linear.scan_plan(8, 1024, 1024, 1, 4, single_pass=True).strategy == "sequential"  # short T
     assert linear.scan_plan(8, 16384, 1024, 4, 4, single_pass=True).strategy == "sequential"  # v > 1
     assert linear.scan_plan(1, 8, 3, 1, 4)[1:5] == (256, 4, 1, 1)  # block_j <= next_pow2(D)

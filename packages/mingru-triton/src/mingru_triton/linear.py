@@ -10,12 +10,12 @@ an adjoint of it) and the b-like state H.
 Strategies (chosen by :func:`scan_plan`, forced in tests by :func:`force_strategy`):
 
 - ``lookback`` (single pass, k = 1 scans that need no running product: the layers' recurrence and its
-  adjoint): :func:`_lookback_kernel`, one program per tile of 16 steps x 4 channels per lane (2 for
-  float64), every channel's steps in one thread (no cross-lane scan). Tiles are handed out in order; each
+  adjoint): :func:`_lookback_kernel`, one program per tile (shapes in :func:`scan_plan`; with one warp every
+  channel's steps sit in one thread, no cross-lane scan). Tiles are handed out in order; each
   publishes its summary, walks back along its row to the nearest tile with a published end state and
   replays the summaries in between in order (so the bits never depend on timing), then publishes its own
   end state. Inputs are read once and outputs written once; the status costs 12 bytes per channel per
-  tile. Chosen for >= 16 (row, channel block) chains and T >= 2048.
+  tile. Chosen for >= 8 (row, 32-channel block) chains and T >= 2048.
 - ``sequential``: one program per (row, channel block) walks all of T. Chosen when those programs fill the
   GPU, or when T is short.
 - ``chunked`` (T-parallel, three launches): (1) each (row, chunk, channel block) writes the chunk's
@@ -341,27 +341,25 @@ def _lookback_kernel(
         tl.debug_barrier()
         tl.atomic_xchg(status, 1, sem="release")
         # Walk back to the nearest earlier tile of the chain with a published final state, waiting at a
-        # tile that has published nothing yet.
+        # tile that has published nothing yet. (Polling 32 statuses at once, one per lane, was slower on an
+        # H200: the extra atomics cost more than the round trips they save.)
         found = tile - CHAINS
         seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
         while seen != 2:
             found = tl.where(seen == 1, found - CHAINS, found)
             seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
         # Replay the summaries after it in walk order, as the sequential fold over tiles does: the carry is
-        # the same bits whichever tile the search stopped at, so results do not depend on timing.
+        # the same bits whichever tile the search stopped at, so results do not depend on timing. The
+        # REPLAY loads of a step do not depend on each other and are in flight together.
         carry = tl.load(inc_ptr + found * BLOCK_J + lanes_j, cache_modifier=".cg")
-        rows = tl.arange(0, REPLAY)
         for start in range(found + CHAINS, tile, CHAINS * REPLAY):
-            idx = start + CHAINS * rows
-            use = (idx < tile)[:, None]
-            slots = (2 * idx)[:, None] * BLOCK_J + lanes_j[None, :]
-            p_many = tl.load(agg_ptr + slots, mask=use, other=1.0, cache_modifier=".cg")
-            h_many = tl.load(agg_ptr + slots + BLOCK_J, mask=use, other=0.0, cache_modifier=".cg")
             for i in tl.static_range(REPLAY):
-                pick = (rows == i)[:, None]
-                p_i = tl.sum(tl.where(pick, p_many, 0.0), axis=0)
-                h_i = tl.sum(tl.where(pick, h_many, 0.0), axis=0)
-                carry = h_i + p_i * carry
+                idx = start + CHAINS * i
+                use = (lanes_j * 0 + idx) < tile
+                slot = agg_ptr + (2 * idx) * BLOCK_J + lanes_j
+                p_i = tl.load(slot, mask=use, other=1.0, cache_modifier=".cg")
+                h_i = tl.load(slot + BLOCK_J, mask=use, other=0.0, cache_modifier=".cg")
+                carry = tl.where(use, h_i + p_i * carry, carry)
     final = h_end + p_end * carry
     if (k < NT - 1) & (k % SPARSE == 0):
         tl.store(inc_ptr + tile * BLOCK_J + lanes_j, final)
@@ -405,14 +403,16 @@ MAX_V = 512
 
 _FORCED: list[tuple[str, int | None, int | None]] = []
 STRATEGIES = ("lookback", "sequential", "chunked")
-LOOKBACK_MIN_CHAINS = 16
+LOOKBACK_MIN_CHAINS = 8
 LOOKBACK_MIN_LENGTH = 2048
-"""The single-pass kernel runs when rows x channel blocks >= LOOKBACK_MIN_CHAINS and T >= LOOKBACK_MIN_LENGTH.
+"""The single-pass kernel runs when rows x 32-channel blocks >= LOOKBACK_MIN_CHAINS and T >= LOOKBACK_MIN_LENGTH.
 With fewer chains, hundreds of tiles of one chain are in flight and each walks back over many of them; with
-short T the fixed cost per tile is not repaid. H200, forward+backward over the copy floor: 2 x 65536 x 1024
-(16 chains) fp32 1.4x and bf16 2.4x-2.6x, against 2.8x and 4.9x for the chunked plan; with 256-channel bf16
-tiles (8 chains) 5.7x; 8 x 2048 x 1024 fp32 1.3x against 1.6x for the sequential plan."""
-
+short T the fixed cost per tile is not repaid. H200: 1 x 65536 x 256 (8 chains) forward 0.11 ms against
+0.28 ms for the chunked plan; 8 x 2048 x 1024 fp32 forward+backward 1.3x the copy floor against 1.6x for the
+sequential plan."""
+LOOKBACK_FEW_CHAINS = 16
+"""At most this many rows x 32-channel blocks: the single-pass kernel takes 4-warp tiles of 128 steps, so a
+chain has 4x fewer tiles to walk back over."""
 
 class ScanPlan(NamedTuple):
     """Launch configuration: tile (BLOCK_T, BLOCK_J, BLOCK_V), warps, chunk length and counts."""
@@ -461,11 +461,19 @@ def scan_plan(
     """Choose tiles and strategy for ``rows`` rows of ``length`` steps, ``dj`` coefficient channels x ``v``.
 
     ``single_pass``: the scan needs no running product (X), so for k = 1 the single-pass ``lookback``
-    kernel can take it (see :data:`LOOKBACK_MIN_CHAINS`): one warp per tile of BLOCK_J = 128 channels (64
-    for fp64: 16 bytes per lane in fp32, 8 in bf16/fp16) x BLOCK_T = 16 rows, each channel's rows in one
-    thread. On an H200 at 8 x 16384 x 1024 its forward+backward ran at 1.21x the copy floor in fp32 and
-    1.90x in bf16, against 1.69x and 3.10x for the sequential plan (and 2.25x for bf16 tiles of 256
-    channels, 16 bytes per lane, whose 16 x 8 values per input and lane spill registers).
+    kernel can take it (see :data:`LOOKBACK_MIN_CHAINS`). Its tile (channels x steps, warps), each
+    channel's steps in one thread where there is one warp:
+
+    - float32 with >= 64 chains of 128 channels: 128 x 16, one warp (16 bytes per lane);
+    - float32 with fewer: 32 x 64, two warps;
+    - bfloat16/float16: 32 x 32, one warp;
+    - at most :data:`LOOKBACK_FEW_CHAINS` chains of 32 channels (any dtype but float64): 32 x 128, four
+      warps;
+    - float64: 64 x 16, one warp.
+
+    On an H200, forward / backward in ms: 1 x 65536 x 256 fp32 32 x 128 x 4 warps 0.114 / 0.136 against
+    0.307 / 0.493 for 128 x 16 (2 chains); 2 x 65536 x 1024 fp32 32 x 64 x 2 warps 0.512 / 0.789 against
+    0.655 / 0.803; 8 x 16384 x 1024 bf16 32 x 32 0.432 / 0.518 against 0.426 / 0.612 for 128 x 16.
 
     k = 1 (v = 1): narrow single-warp programs, BLOCK_J = 8 channels (16 for 2-byte types: 32-byte rows)
     x BLOCK_T = 2048 / BLOCK_J rows (at most 256). Sequential when those programs number >= 2 x SMs or
@@ -500,11 +508,12 @@ def _make_plan(
 ) -> ScanPlan:
     block_v = next_pow2(max(v, 1))
     if block_v == 1 and single_pass and (forced is None or forced[0] == "lookback"):
-        block_j = min(32 * (16 // max(itemsize, 4)), next_pow2(max(dj, 1)))
-        njb = cdiv(max(dj, 1), block_j)
-        if forced is not None or (rows * njb >= LOOKBACK_MIN_CHAINS and length >= LOOKBACK_MIN_LENGTH):
-            block_t = (forced[2] if forced is not None else None) or 16
-            return ScanPlan("lookback", block_t, block_j, 1, 1, block_t, cdiv(max(length, 1), block_t), njb)
+        narrow_chains = rows * cdiv(max(dj, 1), 32)
+        if forced is not None or (narrow_chains >= LOOKBACK_MIN_CHAINS and length >= LOOKBACK_MIN_LENGTH):
+            block_j, block_t, num_warps = _lookback_tile(rows, dj, itemsize)
+            block_t = (forced[2] if forced is not None else None) or min(block_t, max_block_t)
+            njb = cdiv(max(dj, 1), block_j)
+            return ScanPlan("lookback", block_t, block_j, 1, num_warps, block_t, cdiv(max(length, 1), block_t), njb)
     if block_v == 1:
         narrow = 16 if itemsize <= 2 else 8
         block_j = min(next_pow2(max(dj, 1)), narrow)
@@ -531,6 +540,20 @@ def _make_plan(
     if strategy == "sequential" or chunk is None or chunk >= length:
         return ScanPlan("sequential", block_t, block_j, block_v, num_warps, max(length, 1), 1, njb)
     return ScanPlan("chunked", block_t, block_j, block_v, num_warps, chunk, cdiv(length, chunk), njb)
+
+
+def _lookback_tile(rows: int, dj: int, itemsize: int) -> tuple[int, int, int]:
+    """(BLOCK_J, BLOCK_T, warps) of the single-pass kernel; see :func:`scan_plan`."""
+    narrow_chains = rows * cdiv(max(dj, 1), 32)
+    if itemsize == 8:
+        return min(64, next_pow2(max(dj, 1))), 16, 1
+    if narrow_chains <= LOOKBACK_FEW_CHAINS:
+        return min(32, next_pow2(max(dj, 1))), 128, 4
+    if itemsize <= 2:
+        return min(32, next_pow2(max(dj, 1))), 32, 1
+    if rows * cdiv(max(dj, 1), 128) < 64:
+        return min(32, next_pow2(max(dj, 1))), 64, 2
+    return min(128, next_pow2(max(dj, 1))), 16, 1
 
 
 _cached_plan = functools.lru_cache(maxsize=512)(_make_plan)
