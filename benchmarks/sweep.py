@@ -90,7 +90,7 @@ def _configs(
     if family != "linear":
         return
     for block_d, block_t, warps in itertools.product(args.lookback_d, args.lookback_t, args.lookback_w):
-        if block_d > triton.next_power_of_2(width) or (warps > 1 and block_d < 32 * warps):
+        if block_d > triton.next_power_of_2(width) or block_d * block_t < 32 * warps:
             continue
         d_blocks, n_tiles = triton.cdiv(width, block_d), triton.cdiv(steps, block_t)
         yield (
@@ -213,20 +213,20 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--lookback-d",
         type=_parse_ints,
-        default=_parse_ints("64,128,256"),
+        default=_parse_ints("32,64,128"),
         help="channels per tile of the single-pass (lookback) configurations; linear only",
     )
     parser.add_argument(
         "--lookback-t",
         type=_parse_ints,
-        default=_parse_ints("8,16,32"),
+        default=_parse_ints("16,32,64,128"),
         help="steps per tile of the single-pass configurations (empty: none)",
     )
     parser.add_argument(
         "--lookback-w",
         type=_parse_ints,
-        default=_parse_ints("1"),
-        help="warps per tile of the single-pass configurations",
+        default=_parse_ints("1,2,4"),
+        help="warps per tile of the single-pass configurations (more than one: the warps split the steps)",
     )
     parser.add_argument("--rep", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=10)

@@ -225,6 +225,25 @@ def test_lookback_combines_summaries(every: int) -> None:
         pass
 
 
+@pytest.mark.parametrize(
+    ("dtype", "tile"),
+    [(torch.float32, (32, 64, 4)), (torch.bfloat16, (32, 64, 4)), (torch.float64, (64, 16, 1))],
+    ids=str,
+)
+@marked(on_interpreter)
+def test_lookback_heuristic_tiles(dtype: torch.dtype, tile: tuple[int, int, int]) -> None:
+    """The single pass with the heuristic's own tile (no forced steps) on a few-chains shape: 32 channels
+    (the second block mostly masked) x 64 steps off CUDA (four warps on CUDA), four tiles per row, the last
+    partial; float64 keeps 64 x 16 tiles."""
+    shape = (1, 200, 40)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    with linear.force_strategy("lookback"):
+        plan = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, single_pass=True)
+        assert (plan.strategy, plan.block_j, plan.block_t, plan.num_warps) == ("lookback", *tile)
+        assert plan.num_chunks == -(-200 // tile[1])
+        _check_recurrence(shape, dtype)
+
+
 @marked(on_interpreter)
 def test_envelope_and_input_errors() -> None:
     a, b = _inputs((2, 4, 3), torch.float32)
@@ -276,11 +295,13 @@ def test_strategy_heuristic() -> None:
         assert plan.strategy == "sequential" and plan.num_warps == 1
         assert (plan.block_j, plan.block_t) == (block_j, 2048 // block_j)
     assert linear.scan_plan(1, 8192, 2048, 1, 4).strategy == "chunked"  # 256 narrow programs < 2 x 132
+
     # the single-pass kernel, for scans without a running product: (channels, steps, warps) per tile
     def tile(rows: int, length: int, dj: int, itemsize: int) -> tuple[str, int, int, int]:
         plan = linear.scan_plan(rows, length, dj, 1, itemsize, single_pass=True)
         if plan.strategy == "lookback":
-            assert plan.num_chunks == -(-length // plan.block_t) and plan.num_jblocks == -(-dj // plan.block_j)
+            assert plan.num_chunks == -(-length // plan.block_t)
+            assert plan.num_jblocks == -(-dj // plan.block_j)
         return plan.strategy, plan.block_j, plan.block_t, plan.num_warps
 
     assert tile(8, 16384, 1024, 4) == ("lookback", 128, 16, 1)  # 64 chains of 128 channels

@@ -405,14 +405,15 @@ _FORCED: list[tuple[str, int | None, int | None]] = []
 STRATEGIES = ("lookback", "sequential", "chunked")
 LOOKBACK_MIN_CHAINS = 8
 LOOKBACK_MIN_LENGTH = 2048
-"""The single-pass kernel runs when rows x 32-channel blocks >= LOOKBACK_MIN_CHAINS and T >= LOOKBACK_MIN_LENGTH.
-With fewer chains, hundreds of tiles of one chain are in flight and each walks back over many of them; with
-short T the fixed cost per tile is not repaid. H200: 1 x 65536 x 256 (8 chains) forward 0.11 ms against
-0.28 ms for the chunked plan; 8 x 2048 x 1024 fp32 forward+backward 1.3x the copy floor against 1.6x for the
-sequential plan."""
+"""The single-pass kernel runs when rows x 32-channel blocks >= LOOKBACK_MIN_CHAINS and
+T >= LOOKBACK_MIN_LENGTH. With fewer chains, hundreds of tiles of one chain are in flight and each walks back
+over many of them; with short T the fixed cost per tile is not repaid. H200 (runner, layers' path):
+1 x 65536 x 256 (8 chains) fp32 forward 0.114 ms against 0.392 ms for the chunked plan; 8 x 2048 x 1024
+fp32 forward+backward 1.3x the copy floor against 1.6x for the sequential plan."""
 LOOKBACK_FEW_CHAINS = 16
 """At most this many rows x 32-channel blocks: the single-pass kernel takes 4-warp tiles of 128 steps, so a
 chain has 4x fewer tiles to walk back over."""
+
 
 class ScanPlan(NamedTuple):
     """Launch configuration: tile (BLOCK_T, BLOCK_J, BLOCK_V), warps, chunk length and counts."""
@@ -512,8 +513,8 @@ def _make_plan(
         if forced is not None or (narrow_chains >= LOOKBACK_MIN_CHAINS and length >= LOOKBACK_MIN_LENGTH):
             block_j, block_t, num_warps = _lookback_tile(rows, dj, itemsize)
             block_t = (forced[2] if forced is not None else None) or min(block_t, max_block_t)
-            njb = cdiv(max(dj, 1), block_j)
-            return ScanPlan("lookback", block_t, block_j, 1, num_warps, block_t, cdiv(max(length, 1), block_t), njb)
+            njb, tiles = cdiv(max(dj, 1), block_j), cdiv(max(length, 1), block_t)
+            return ScanPlan("lookback", block_t, block_j, 1, num_warps, block_t, tiles, njb)
     if block_v == 1:
         narrow = 16 if itemsize <= 2 else 8
         block_j = min(next_pow2(max(dj, 1)), narrow)
