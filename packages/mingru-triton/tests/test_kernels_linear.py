@@ -307,6 +307,8 @@ def test_strategy_heuristic() -> None:
     assert tile(8, 16384, 1024, 4) == ("lookback", 128, 16, 1)  # 64 chains of 128 channels
     assert tile(8, 16384, 1024, 2) == ("lookback", 32, 32, 1)
     assert tile(8, 16384, 1024, 8) == ("lookback", 64, 16, 1)
+    assert tile(1, 8192, 1024, 8) == ("lookback", 64, 16, 1)  # 16 chains of 64 channels
+    assert tile(1, 65536, 512, 8)[0] == "chunked"  # float64: 8 chains of 64 channels
     assert tile(1, 8192, 2048, 4) == ("lookback", 32, 64, 2)  # 16 chains of 128 channels
     assert tile(2, 65536, 1024, 4) == ("lookback", 32, 64, 2)
     assert tile(1, 8192, 2048, 2) == ("lookback", 32, 32, 1)

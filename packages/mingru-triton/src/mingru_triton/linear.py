@@ -15,7 +15,7 @@ Strategies (chosen by :func:`scan_plan`, forced in tests by :func:`force_strateg
   publishes its summary, walks back along its row to the nearest tile with a published end state and
   replays the summaries in between in order (so the bits never depend on timing), then publishes its own
   end state. Inputs are read once and outputs written once; the status costs 12 bytes per channel per
-  tile. Chosen for >= 8 (row, 32-channel block) chains and T >= 2048.
+  tile. Chosen for >= 8 (row, 32-channel block) chains (float64: 16 of 64 channels) and T >= 2048.
 - ``sequential``: one program per (row, channel block) walks all of T. Chosen when those programs fill the
   GPU, or when T is short.
 - ``chunked`` (T-parallel, three launches): (1) each (row, chunk, channel block) writes the chunk's
@@ -470,7 +470,7 @@ def scan_plan(
     - bfloat16/float16: 32 x 32, one warp;
     - at most :data:`LOOKBACK_FEW_CHAINS` chains of 32 channels (any dtype but float64): 32 x 128, four
       warps;
-    - float64: 64 x 16, one warp.
+    - float64: 64 x 16, one warp, from 16 chains of 64 channels (not re-timed with the narrow tiles).
 
     On an H200, forward / backward in ms: 1 x 65536 x 256 fp32 32 x 128 x 4 warps 0.114 / 0.136 against
     0.307 / 0.493 for 128 x 16 (2 chains); 2 x 65536 x 1024 fp32 32 x 64 x 2 warps 0.512 / 0.789 against
@@ -508,13 +508,14 @@ def _make_plan(
     forced: tuple[str, int | None, int | None] | None,
 ) -> ScanPlan:
     block_v = next_pow2(max(v, 1))
-    if block_v == 1 and single_pass and (forced is None or forced[0] == "lookback"):
-        narrow_chains = rows * cdiv(max(dj, 1), 32)
-        if forced is not None or (narrow_chains >= LOOKBACK_MIN_CHAINS and length >= LOOKBACK_MIN_LENGTH):
-            block_j, block_t, num_warps = _lookback_tile(rows, dj, itemsize)
-            block_t = (forced[2] if forced is not None else None) or min(block_t, max_block_t)
-            njb, tiles = cdiv(max(dj, 1), block_j), cdiv(max(length, 1), block_t)
-            return ScanPlan("lookback", block_t, block_j, 1, num_warps, block_t, tiles, njb)
+    lookback = forced is not None or (
+        _lookback_chains_ok(rows, dj, itemsize) and length >= LOOKBACK_MIN_LENGTH
+    )
+    if block_v == 1 and single_pass and (forced is None or forced[0] == "lookback") and lookback:
+        block_j, block_t, num_warps = _lookback_tile(rows, dj, itemsize)
+        block_t = (forced[2] if forced is not None else None) or min(block_t, max_block_t)
+        njb, tiles = cdiv(max(dj, 1), block_j), cdiv(max(length, 1), block_t)
+        return ScanPlan("lookback", block_t, block_j, 1, num_warps, block_t, tiles, njb)
     if block_v == 1:
         narrow = 16 if itemsize <= 2 else 8
         block_j = min(next_pow2(max(dj, 1)), narrow)
@@ -541,6 +542,14 @@ def _make_plan(
     if strategy == "sequential" or chunk is None or chunk >= length:
         return ScanPlan("sequential", block_t, block_j, block_v, num_warps, max(length, 1), 1, njb)
     return ScanPlan("chunked", block_t, block_j, block_v, num_warps, chunk, cdiv(length, chunk), njb)
+
+
+def _lookback_chains_ok(rows: int, dj: int, itemsize: int) -> bool:
+    """Enough chains for the single-pass kernel: :data:`LOOKBACK_MIN_CHAINS` of 32 channels; float64, whose
+    tile stays 64 channels wide, keeps its former rule of 16 chains of 64 channels."""
+    if itemsize == 8:
+        return rows * cdiv(max(dj, 1), 64) >= 16
+    return rows * cdiv(max(dj, 1), 32) >= LOOKBACK_MIN_CHAINS
 
 
 def _lookback_tile(rows: int, dj: int, itemsize: int) -> tuple[int, int, int]:
