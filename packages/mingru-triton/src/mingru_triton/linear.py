@@ -554,16 +554,16 @@ def _lookback_chains_ok(rows: int, dj: int, itemsize: int) -> bool:
 
 def _lookback_tile(rows: int, dj: int, itemsize: int) -> tuple[int, int, int]:
     """(BLOCK_J, BLOCK_T, warps) of the single-pass kernel; see :func:`scan_plan`."""
-    narrow_chains = rows * cdiv(max(dj, 1), 32)
+    width = next_pow2(max(dj, 1))
     if itemsize == 8:
-        return min(64, next_pow2(max(dj, 1))), 16, 1
-    if narrow_chains <= LOOKBACK_FEW_CHAINS:
-        return min(32, next_pow2(max(dj, 1))), 128, 4
+        return min(64, width), 16, 1
+    if rows * cdiv(max(dj, 1), 32) <= LOOKBACK_FEW_CHAINS:
+        return min(32, width), 128, 4
     if itemsize <= 2:
-        return min(32, next_pow2(max(dj, 1))), 32, 1
+        return min(32, width), 32, 1
     if rows * cdiv(max(dj, 1), 128) < 64:
-        return min(32, next_pow2(max(dj, 1))), 64, 2
-    return min(128, next_pow2(max(dj, 1))), 16, 1
+        return min(32, width), 64, 2
+    return min(128, width), 16, 1
 
 
 _cached_plan = functools.lru_cache(maxsize=512)(_make_plan)
