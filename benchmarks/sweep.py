@@ -1,12 +1,12 @@
 """Launch-configuration sweep of the k = 1 and log-space kernels: the tile, warps and strategy a shape wants.
 
 For each shape and dtype, every configuration of the grid (channels per program, tile elements, warps, and
-for few rows the chunked strategy with several chunk lengths; for the linear family also the single-pass
-kernel's tiles, channels x steps x warps) replaces the kernel's own plan for one ``linear_recurrence_fwd`` /
-``log_recurrence_fwd`` call (forward, or forward + backward). Each result is checked against the call with
-the kernel's own plan, then timed (median of ``triton.testing.do_bench``) and divided by the time of a device
-copy of the least bytes the call must move. Prints the best configurations per (shape, dtype) next to the
-kernel's own plan; ``--csv`` keeps every row.
+for few rows the chunked strategy with several chunk lengths; then the single-pass kernel's tiles, channels
+x steps x warps, which for the log family force its single pass in both directions) replaces the kernel's
+own plan for one ``linear_recurrence_fwd`` / ``log_recurrence_fwd`` call (forward, or forward + backward).
+Each result is checked against the call with the kernel's own plan, then timed (median of
+``triton.testing.do_bench``) and divided by the time of a device copy of the least bytes the call must move.
+Prints the best configurations per (shape, dtype) next to the kernel's own plan; ``--csv`` keeps every row.
 
 python benchmarks/sweep.py --family linear --csv out/sweep_linear.csv
 python benchmarks/sweep.py --family log --dtypes float32 --modes fwd,fwdbwd
@@ -87,8 +87,6 @@ def _configs(
             else:
                 plan = log._Plan(strategy, block_t, block_d, warps, chunk, n_chunks)
             yield label, plan
-    if family != "linear":
-        return
     for block_d, block_t, warps in itertools.product(args.lookback_d, args.lookback_t, args.lookback_w):
         if block_d > triton.next_power_of_2(width) or block_d * block_t < 32 * warps:
             continue
@@ -104,6 +102,11 @@ def _plan(family: str, plan: Any) -> Iterator[None]:
     """Every launch of ``family`` inside the block uses ``plan`` (None: the kernel's own plan)."""
     if plan is None:
         yield
+        return
+    if family == "log" and isinstance(plan, linear.ScanPlan):
+        # The log recurrence's single pass: the k = 1 kernel's plan, forced for the forward and the adjoint.
+        with _plan("linear", plan), log.force_strategy("lookback"):
+            yield
         return
     module: Any = linear if family == "linear" else log
     name = "_plan_for" if family == "linear" else "_device_plan"
@@ -127,6 +130,9 @@ def _own_plan(family: str, x: Tensor) -> str:
             p.num_chunks,
         )
     else:
+        single = log._single_pass_plan(x, min_length=log.LOOKBACK_FORWARD_MIN_LENGTH)
+        if single is not None:
+            return f"lookback d{single.block_j} t{single.block_t} w{single.num_warps}"
         q = log._device_plan(x)
         strategy, block_d, block_t, warps, chunk, n_chunks = (
             q.strategy,
@@ -136,6 +142,9 @@ def _own_plan(family: str, x: Tensor) -> str:
             q.chunk,
             q.n_chunks,
         )
+        if log._single_pass_plan(x) is not None:
+            chunk_label = f" c{chunk}" if n_chunks > 1 else ""
+            return f"{strategy} d{block_d} t{block_t} w{warps}{chunk_label} (adjoint: lookback)"
     return f"{strategy} d{block_d} t{block_t} w{warps}" + (f" c{chunk}" if n_chunks > 1 else "")
 
 
@@ -152,6 +161,10 @@ class Sweep:
 
     def time_ms(self, fn: Callable[[], Any]) -> float:
         cuda = self.device.type == "cuda"
+        if cuda and self.args.graph:
+            from triton.testing import do_bench_cudagraph
+
+            return float(do_bench_cudagraph(fn, rep=self.args.rep, return_mode="median"))
         return run.median_ms(fn, cuda=cuda, warmup=self.args.warmup, rep=self.args.rep, tries=2)
 
     def floor_ms(self, nbytes: int) -> float:
@@ -214,7 +227,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--lookback-d",
         type=_parse_ints,
         default=_parse_ints("32,64,128"),
-        help="channels per tile of the single-pass (lookback) configurations; linear only",
+        help="channels per tile of the single-pass (lookback) configurations",
     )
     parser.add_argument(
         "--lookback-t",
@@ -227,6 +240,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         type=_parse_ints,
         default=_parse_ints("1,2,4"),
         help="warps per tile of the single-pass configurations (more than one: the warps split the steps)",
+    )
+    parser.add_argument(
+        "--graph",
+        action="store_true",
+        help="time each call (and the copy floor) replayed from a CUDA graph: GPU time without the host's "
+        "launch time, L2 not flushed",
     )
     parser.add_argument("--rep", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=10)
