@@ -321,7 +321,8 @@ def test_strategy_heuristic() -> None:
     assert tile(8, 2048, 1024, 2)[0] == "lookback"
     assert tile(8, 4096, 5, 4) == ("lookback", 8, 128, 4)  # block_j <= next_pow2(D)
     assert linear.scan_plan(1, 65536, 256, 1, 4, max_block_t=64, single_pass=True).block_t == 64  # CPU
-    assert linear.scan_plan(8, 1024, 1024, 1, 4, single_pass=True).strategy == "sequential"  # short T
+    assert linear.scan_plan(8, 1024, 1024, 1, 4, single_pass=True).strategy == "lookback"
+    assert linear.scan_plan(8, 1023, 1024, 1, 4, single_pass=True).strategy == "sequential"  # short T
     assert linear.scan_plan(8, 16384, 1024, 4, 4, single_pass=True).strategy == "sequential"  # v > 1
     assert linear.scan_plan(1, 8, 3, 1, 4)[1:5] == (256, 4, 1, 1)  # block_j <= next_pow2(D)
     assert linear.scan_plan(8, 16384, 1024, 1, 4, max_block_t=64).block_t == 64  # CPU tensors

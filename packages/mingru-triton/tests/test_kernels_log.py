@@ -361,11 +361,17 @@ def test_strategy_heuristic(shape: tuple[int, int, int], expected: str) -> None:
 
 
 def test_single_pass_adjoint_heuristic() -> None:
-    """The adjoint of log_recurrence_fwd takes the k = 1 single-pass plan where that heuristic does."""
+    """The adjoint of log_recurrence_fwd takes the k = 1 single-pass plan where that heuristic does
+    (T >= 1024), and so does the forward from T = LOOKBACK_FORWARD_MIN_LENGTH (2048)."""
     big = torch.empty((8, 16384, 1024), device="meta")
     plan = log_kernels._single_pass_plan(big)
     assert plan is not None and (plan.strategy, plan.block_j, plan.block_t) == ("lookback", 128, 16)
-    assert log_kernels._single_pass_plan(torch.empty((8, 1024, 1024), device="meta")) is None  # short T
+    forward = log_kernels.LOOKBACK_FORWARD_MIN_LENGTH
+    short = torch.empty((8, 1024, 1024), device="meta")
+    assert log_kernels._single_pass_plan(short) is not None
+    assert log_kernels._single_pass_plan(short, min_length=forward) is None  # the forward from T = 2048
+    assert log_kernels._single_pass_plan(torch.empty((8, 2048, 1024), device="meta"), min_length=forward)
+    assert log_kernels._single_pass_plan(torch.empty((8, 1023, 1024), device="meta")) is None  # short T
     few = log_kernels._single_pass_plan(torch.empty((1, 65536, 256), device="meta"))  # 8 chains of 32
     # off CUDA the tile has at most 64 steps (128 on CUDA)
     assert few is not None and (few.block_j, few.block_t, few.num_warps) == (32, 64, 4)

@@ -15,7 +15,7 @@ Strategies (chosen by :func:`scan_plan`, forced in tests by :func:`force_strateg
   publishes its summary, walks back along its row to the nearest tile with a published end state and
   replays the summaries in between in order (so the bits never depend on timing), then publishes its own
   end state. Inputs are read once and outputs written once; the status costs 12 bytes per channel per
-  tile. Chosen for >= 8 (row, 32-channel block) chains (float64: 16 of 64 channels) and T >= 2048.
+  tile. Chosen for >= 8 (row, 32-channel block) chains (float64: 16 of 64 channels) and T >= 1024.
 - ``sequential``: one program per (row, channel block) walks all of T. Chosen when those programs fill the
   GPU, or when T is short.
 - ``chunked`` (T-parallel, three launches): (1) each (row, chunk, channel block) writes the chunk's
@@ -404,12 +404,15 @@ MAX_V = 512
 _FORCED: list[tuple[str, int | None, int | None]] = []
 STRATEGIES = ("lookback", "sequential", "chunked")
 LOOKBACK_MIN_CHAINS = 8
-LOOKBACK_MIN_LENGTH = 2048
+LOOKBACK_MIN_LENGTH = 1024
 """The single-pass kernel runs when rows x 32-channel blocks >= LOOKBACK_MIN_CHAINS and
 T >= LOOKBACK_MIN_LENGTH. With fewer chains, hundreds of tiles of one chain are in flight and each walks back
 over many of them; with short T the fixed cost per tile is not repaid. H200 (runner, layers' path):
 1 x 65536 x 256 (8 chains) fp32 forward 0.114 ms against 0.392 ms for the chunked plan; 8 x 2048 x 1024
-fp32 forward+backward 1.3x the copy floor against 1.6x for the sequential plan."""
+fp32 forward+backward 1.3x the copy floor against 1.6x for the sequential plan. GPU time (CUDA graph
+replay, layers' path) at 8 x 1024 x 1024: forward / forward+backward 0.037 / 0.090 ms against 0.042 /
+0.107 ms for the sequential plan (fp32), 0.034 / 0.072 against 0.038 / 0.101 ms (bf16); below T = 1024
+the two are level (8 x 512 x 1024). Each single-pass call also zeroes its status buffer (one more launch)."""
 LOOKBACK_FEW_CHAINS = 16
 """At most this many rows x 32-channel blocks: the single-pass kernel takes 4-warp tiles of 128 steps, so a
 chain has 4x fewer tiles to walk back over."""

@@ -361,8 +361,8 @@ _forced: list[str] = []
 @contextlib.contextmanager
 def force_strategy(name: str) -> Iterator[None]:
     """Within the block, every log-scan launch uses strategy ``name`` ("sequential" or "chunked"); with
-    "lookback" the adjoint of :func:`log_recurrence_fwd` runs the single-pass kernel and the other launches
-    keep their own plan."""
+    "lookback" :func:`log_recurrence_fwd` and its adjoint run the single-pass kernel whatever T is, and the
+    other launches keep their own plan."""
     if name not in STRATEGIES:
         raise ValueError(f"name must be one of {STRATEGIES}, got {name!r}")
     _forced.append(name)
@@ -550,12 +550,14 @@ def _scan_fwd(
         launch(_log_fwd_kernel, grid, *args, MODE=0, **meta)
 
 
-LOOKBACK_FORWARD_MIN_LENGTH = 16384
+LOOKBACK_FORWARD_MIN_LENGTH = 2048
 """Shortest T for which :func:`log_recurrence_fwd` runs the single pass (where the k = 1 heuristic picks it;
-its adjoint follows the k = 1 heuristic alone). H200, forward over the copy floor, single pass against the log
-kernel: 8 x 16384 x 1024 1.41x against 2.33x (float32) and 2.37x against 5.75x (bfloat16); 2 x 65536 x 1024
-1.74x and 3.23x against 5.5x and 21.6x for the sequential plan; but 8 x 4096 x 1024 float32 3.23x against
-2.21x and 1 x 8192 x 2048 float32 8.0x against 5.0x (short rows, where the single pass also varies most)."""
+its adjoint follows the k = 1 heuristic alone). The single pass costs more host time than the log kernel (a
+zeroed status buffer, and the gated fallback launch after it: about 50 us more per forward on an H200 host,
+pinned), so it runs where it saves more GPU time than that. H200, GPU time (CUDA graph replay), single pass
+against the log kernel, float32 / bfloat16 forward: 8 x 1024 x 1024 0.043 / 0.034 against 0.059 / 0.073 ms
+(kept on the log kernel); 8 x 2048 x 1024 0.076 / 0.058 against 0.112 / 0.142 ms; 8 x 4096 x 1024 0.142 /
+0.107 against 0.219 / 0.280 ms; 1 x 8192 x 2048 0.085 / 0.072 against 0.216 / 0.278 ms."""
 _SINGLE_PASS_FORWARD = dict.fromkeys(("HAS_INIT", "EXP_COEF", "EXP_U", "BAIL"), 1)
 """Flags of :func:`mingru_triton.linear._run_lookback` for :func:`log_recurrence_fwd`: exp of both inputs on
 load, the initial state fused, and the flag raised by a log coefficient > 0."""
