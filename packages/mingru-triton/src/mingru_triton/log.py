@@ -553,11 +553,13 @@ def _scan_fwd(
 LOOKBACK_FORWARD_MIN_LENGTH = 2048
 """Shortest T for which :func:`log_recurrence_fwd` runs the single pass (where the k = 1 heuristic picks it;
 its adjoint follows the k = 1 heuristic alone). The single pass costs more host time than the log kernel (a
-zeroed status buffer, and the gated fallback launch after it: about 50 us more per forward on an H200 host,
-pinned), so it runs where it saves more GPU time than that. H200, GPU time (CUDA graph replay), single pass
-against the log kernel, float32 / bfloat16 forward: 8 x 1024 x 1024 0.043 / 0.034 against 0.059 / 0.073 ms
-(kept on the log kernel); 8 x 2048 x 1024 0.076 / 0.058 against 0.112 / 0.142 ms; 8 x 4096 x 1024 0.142 /
-0.107 against 0.219 / 0.280 ms; 1 x 8192 x 2048 0.085 / 0.072 against 0.216 / 0.278 ms."""
+zeroed status buffer, and the gated fallback launch after it: a forward+backward at 8 x 4096 x 1024 took 548
+against 481 us of wall time on an H200 host, pinned, where it is bound by the host), so it starts where its
+GPU-time saving per forward reaches tens of microseconds and grows with T. H200, GPU time (CUDA graph
+replay), single pass against the log kernel, float32 / bfloat16 forward: 8 x 1024 x 1024 0.043 / 0.034
+against 0.059 / 0.073 ms (kept on the log kernel); 8 x 2048 x 1024 0.076 / 0.058 against 0.112 / 0.142 ms;
+8 x 4096 x 1024 0.142 / 0.107 against 0.219 / 0.280 ms; 1 x 8192 x 2048 0.085 / 0.072 against 0.216 /
+0.278 ms."""
 _SINGLE_PASS_FORWARD = dict.fromkeys(("HAS_INIT", "EXP_COEF", "EXP_U", "BAIL"), 1)
 """Flags of :func:`mingru_triton.linear._run_lookback` for :func:`log_recurrence_fwd`: exp of both inputs on
 load, the initial state fused, and the flag raised by a log coefficient > 0."""
