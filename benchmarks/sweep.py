@@ -10,6 +10,7 @@ Prints the best configurations per (shape, dtype) next to the kernel's own plan;
 
 python benchmarks/sweep.py --family linear --csv out/sweep_linear.csv
 python benchmarks/sweep.py --family log --dtypes float32 --modes fwd,fwdbwd
+python benchmarks/sweep.py --family log --graph --compile-workers 8   # compile in 8 processes first
 python benchmarks/sweep.py --smoke       # CPU, the Triton interpreter, two tiny configurations
 """
 
@@ -153,6 +154,50 @@ def _rel_err(got: Tensor, want: Tensor) -> float:
     return ((got.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30)).item()
 
 
+_WARM_ELEMENTS = 1 << 27
+"""Largest B x T x D a compile worker runs (longer T is halved): the workers share the GPU's memory."""
+_worker: Sweep | None = None
+
+
+def _warm_task(argv: list[str], task: tuple[str, Shape, str, str, str]) -> tuple[str, float]:
+    """In a compile worker: :meth:`Sweep.warm` of one (family, shape, dtype, mode, label) task; returns
+    (status, seconds)."""
+    global _worker
+    if _worker is None:
+        _worker = Sweep(parse(argv))
+    family, shape, dtype, mode, label = task
+    start = time.perf_counter()
+    status = _worker.warm(family, shape, getattr(torch, dtype), mode, label)
+    return status, time.perf_counter() - start
+
+
+def precompile(args: argparse.Namespace, argv: list[str]) -> int:
+    """Compile every configuration of every case in ``args.compile_workers`` processes before the timing
+    starts (Triton's on-disk cache then serves the timing process): compiling takes seconds per tile and
+    configuration, one at a time in a process. Returns how many configurations failed to run ("absent": one
+    the shorter input does not have, such as a chunk as long as its T, does not count)."""
+    import multiprocessing
+
+    sweep = Sweep(args)
+    tasks = [
+        (args.family, shape, str(dtype)[6:], mode, label)
+        for shape, dtype, mode in itertools.product(args.shapes, args.dtypes, args.modes)
+        for label, _ in sweep.configs(args.family, shape)
+    ]
+    started = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(args.compile_workers) as pool:
+        results = pool.starmap(_warm_task, [(argv, task) for task in tasks])
+    failed = [(task, status) for task, (status, _) in zip(tasks, results, strict=True) if status != "ok"]
+    busy = sum(seconds for _, seconds in results)
+    print(
+        f"compiled {len(tasks)} configurations in {time.perf_counter() - started:.1f} s with "
+        f"{args.compile_workers} workers ({busy:.1f} s of work)"
+    )
+    for (_, shape, dtype, mode, label), status in failed:
+        print(f"  {'x'.join(map(str, shape))} {dtype} {mode} {label}: {status}")
+    return sum(status != "absent" for _, status in failed)
+
+
 class Sweep:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -178,6 +223,34 @@ class Sweep:
             return lambda: op(*(x.detach() for x in inputs))
         return lambda: torch.autograd.grad(op(*inputs), inputs, grad)
 
+    def configs(self, family: str, shape: Shape) -> list[tuple[str, Any]]:
+        """The (label, plan) configurations timed for ``shape``."""
+        configs = list(_configs(self.args, family, shape, self.device))
+        if self.args.smoke:
+            configs = configs[:1] + configs[-1:]  # the first grid configuration and the last (lookback)
+        return configs
+
+    def warm(self, family: str, shape: Shape, dtype: torch.dtype, mode: str, label: str) -> str:
+        """Run configuration ``label`` once on a shorter input of ``shape`` (same B and D), so its kernels
+        are compiled into Triton's cache; "ok", "absent" (no such configuration there) or the error."""
+        batch, steps, width = shape
+        while batch * steps * width > _WARM_ELEMENTS and steps % 2 == 0 and steps > 4096:
+            steps //= 2  # keeps T's divisibility by 16, which Triton specializes on
+        short = (batch, steps, width)
+        plans = dict(self.configs(family, short))
+        if label not in plans:
+            return "absent"
+        inputs = _inputs(family, short, dtype, self.device)
+        fn = self.call(family, mode, inputs, torch.ones(short, device=self.device, dtype=dtype))
+        try:
+            with _plan(family, plans[label]):
+                fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # reported here; the timing run meets it again and records it
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        return "ok"
+
     def run_one(self, family: str, shape: Shape, dtype: torch.dtype, mode: str) -> list[dict]:
         inputs = _inputs(family, shape, dtype, self.device)
         grad = torch.randn(shape, device=self.device).to(dtype)
@@ -191,10 +264,7 @@ class Sweep:
         own = {**base, "config": "own: " + _own_plan(family, inputs[0]), "status": "ok", "max_err": 0.0}
         own_ms = self.time_ms(fn)
         rows.append({**own, "ms": own_ms, "x_floor": own_ms / floor})
-        configs = list(_configs(self.args, family, shape, self.device))
-        if self.args.smoke:
-            configs = configs[:1] + configs[-1:]  # the first grid configuration and the last (lookback)
-        for label, plan in configs:
+        for label, plan in self.configs(family, shape):
             row = {**base, "config": label}
             try:
                 with _plan(family, plan):
@@ -247,6 +317,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="time each call (and the copy floor) replayed from a CUDA graph: GPU time without the host's "
         "launch time, L2 not flushed",
     )
+    parser.add_argument(
+        "--compile-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first compile every configuration in N processes (each runs it once on a shorter input)",
+    )
     parser.add_argument("--rep", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--top", type=int, default=5, help="best configurations printed per case")
@@ -266,9 +343,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
     if run.kernels_missing():
         return 2
+    broken = precompile(args, argv) if args.compile_workers > 0 else 0
     sweep = Sweep(args)
     started = time.perf_counter()
     writer = None
@@ -278,7 +357,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         writer = csv.DictWriter(handle, FIELDS, extrasaction="ignore")
         if args.csv.stat().st_size == 0:
             writer.writeheader()
-    broken = 0
     for shape, dtype, mode in itertools.product(args.shapes, args.dtypes, args.modes):
         if time.perf_counter() - started > args.budget_min * 60:
             print(f"budget of {args.budget_min:g} min spent: {shape} {dtype} {mode} and later cases skipped")
