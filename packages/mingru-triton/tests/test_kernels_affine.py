@@ -264,10 +264,13 @@ def test_input_errors() -> None:
 
 
 def test_strategy_heuristic() -> None:
-    assert _strategy(64, 4096) == ("chunked", 456)  # 9 chunks: 4 programs per SM
-    assert _strategy(1024, 4096) == ("sequential", 4096)  # B * n alone fills the GPU
-    assert _strategy(4, 100) == ("sequential", 100)  # too short to split
-    assert _strategy(1, 2**20) == ("chunked", 1986)  # 528 chunks
+    assert _strategy(64, 4096) == ("chunked", 64)  # 64 chunks of 64 for tiles of KP <= 4
+    assert _strategy(64, 4096, kp=8) == ("chunked", 128)
+    assert _strategy(2111, 4096) == ("chunked", 64)
+    assert _strategy(2112, 4096) == ("sequential", 4096)  # B * n alone gives 16 programs per SM
+    assert _strategy(4, 127) == ("sequential", 127)  # shorter than two chunks
+    assert _strategy(4, 128) == ("chunked", 64)
+    assert _strategy(1, 2**20) == ("chunked", 1024)  # isqrt(T): phase 2 no longer than a chunk
     with force_strategy("chunked"):
         assert _strategy(1024, 10) == ("chunked", 3)
         assert _strategy(1024, 1) == ("sequential", 1)
