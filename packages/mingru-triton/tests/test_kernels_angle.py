@@ -16,6 +16,7 @@ from torch import Tensor
 
 from mingru.scans.angle import angle_scan_ref, default_angle_layout, validate_angle_layout
 from mingru_triton.angle import (
+    _plan,
     _strategy,
     angle_envelope,
     angle_scan_bwd,
@@ -210,13 +211,23 @@ class TestInterpreted:
             assert_close(got, want, torch.float64)
 
     def test_strategy_heuristic(self) -> None:
+        cpu = torch.device("cpu")  # counts as 132 SMs
+        assert _strategy(8, 4096, 16, 16, cpu) == ("chunked", 64)
+        assert _strategy(8, 4096, 16, 64, cpu) == ("chunked", 64)  # every k chunks
+        assert _strategy(1, 1 << 16, 4, 16, cpu) == ("chunked", 256)  # isqrt(T): 256 chunks of 256
+        assert _strategy(132, 4096, 16, 16, cpu)[0] == "sequential"  # 16 rows per SM
+        assert _strategy(131, 4096, 16, 16, cpu)[0] == "chunked"
+        assert _strategy(1, 127, 4, 16, cpu)[0] == "sequential"  # shorter than two chunks
+        assert _strategy(1, 128, 4, 16, cpu) == ("chunked", 64)
+
+    def test_plan(self) -> None:
         cpu = torch.device("cpu")
-        assert _strategy(1, 1 << 16, 4, 16, cpu)[0] == "chunked"
-        assert _strategy(64, 1 << 16, 16, 16, cpu)[0] == "sequential"
-        assert _strategy(1, 1 << 16, 4, 64, cpu)[0] == "sequential"
-        assert _strategy(1, 100, 4, 16, cpu)[0] == "sequential"
-        _, chunk = _strategy(1, 1 << 16, 4, 16, cpu)
-        assert chunk >= 64 and (1 << 16) // chunk >= 4
+        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 1, 4)  # 4 heads of 8, unrolled (R = 1)
+        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1)
+        assert _plan(8, 4096, 16, 32, 4, cpu) == ("chunked", 64, 1, 3, 1)  # pipelined: k * R >= 128
+        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 1, 1)
+        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 1, 1)  # no more heads than there are
+        assert _plan(132, 4096, 16, 8, 1, cpu) == ("sequential", 4096, 4, 1, 1)  # loops as written
         with force_strategy("chunked"):
             assert _strategy(64, 1 << 16, 16, 64, cpu)[0] == "chunked"
         with pytest.raises(ValueError, match="strategy must be one of"), force_strategy("parallel"):
