@@ -180,7 +180,7 @@ WHEELS = ROOT / ".whl"
 
 @nox.session
 def bench_smoke(session: nox.Session) -> None:
-    """The benchmark runner (and its summary rebuilt from its CSV), the launch-configuration sweep, the
+    """The benchmark runner (and its summary rebuilt from its CSV), the launch-configuration sweeps, the
     host-overhead probe and the k = 1 strategy timer on tiny shapes on the CPU (kernels under the Triton
     interpreter): they run, check results and print their tables. Timings here mean nothing; see
     benchmarks/."""
@@ -198,6 +198,9 @@ def bench_smoke(session: nox.Session) -> None:
     sweep = str(ROOT / "benchmarks" / "sweep.py")
     session.run("python", sweep, "--smoke", "--family", "linear")
     session.run("python", sweep, "--smoke", "--family", "log", "--compile-workers", "2")  # the worker pool
+    chunked = str(ROOT / "benchmarks" / "sweep_chunked.py")
+    session.run("python", chunked, "--smoke", "--family", "affine", "--compile-workers", "2")
+    session.run("python", chunked, "--smoke", "--family", "angle", "--modes", "fwd")
     session.run("python", str(ROOT / "benchmarks" / "overhead.py"), "--smoke")
     session.run("python", str(ROOT / "benchmarks" / "strategies.py"), "--smoke")
 

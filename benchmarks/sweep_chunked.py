@@ -1,0 +1,356 @@
+"""Launch-configuration sweep of the matrix affine and angle kernels: chunk length, pipelining and tiles.
+
+Both families walk their steps one after another inside a program, so their speed depends mostly on how T is
+cut into chunks (how many programs per SM) and on how each program's step loop is compiled. For each shape
+and dtype, every configuration of the grid replaces the kernel's own plan for one call of the layers' path
+(``affine.recurrence`` / ``affine_scan_fwd`` with ``--op scan``, or ``angle_scan_fwd`` with scale and decay),
+forward or forward + backward:
+
+- affine: the chunked strategy with each ``--chunks`` length x ``--stages`` (``tl.range`` pipelining
+  depth), and the sequential strategy;
+- angle: chunked with each ``--chunks`` x ``--stages`` x ``--unroll`` x ``--tile`` (state entries per
+  vector-path program) x ``--matrix-warps`` (warps of the chunk-summary programs; 0: the kernel's own), and
+  the sequential strategy.
+
+Each result is checked against the call with the kernel's own plan (same inputs, same output gradient),
+then timed (``triton.testing.do_bench`` median, or CUDA graph replay with ``--graph``) and divided by the
+time of a device copy of the least bytes the call must move (benchmarks/cases.py's byte counts).
+
+python benchmarks/sweep_chunked.py --family angle --graph --shapes 8x4096x16x16x2 --modes fwd,fwdbwd
+python benchmarks/sweep_chunked.py --family affine --graph --shapes 4x4096x16x8 --compile-workers 8
+python benchmarks/sweep_chunked.py --smoke     # CPU, the Triton interpreter, tiny shapes, two configurations
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import itertools
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import cases
+import run
+import torch
+from sweep import FIELDS, _parse_ints, _rel_err
+from torch import Tensor
+
+from mingru.scans.angle import default_angle_layout
+from mingru_triton import affine, angle
+from mingru_triton._launch import next_pow2, num_sms
+
+SHAPES = {
+    "affine": "4x4096x16x2,4x4096x16x8,4x4096x16x16",
+    "angle": "8x4096x16x8x1,8x4096x16x16x2,8x4096x16x32x4",
+}
+Shape = tuple[int, ...]
+
+
+def _shape(family: str, text: str) -> Shape:
+    parts = tuple(int(item) for item in text.lower().split("x"))
+    want = 4 if family == "affine" else 5
+    if len(parts) != want:
+        layout = "BxTxnxk (k = v)" if family == "affine" else "BxTxnxkxR"
+        raise argparse.ArgumentTypeError(f"an {family} shape is {layout}, got {text!r}")
+    return parts
+
+
+def _inputs(family: str, shape: Shape, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
+    """The benchmark runner's inputs (benchmarks/cases.py) for the layers' path, as leaves needing grads."""
+    if family == "affine":
+        batch, steps, heads, k = shape
+        inputs = cases.make_affine_state((batch, steps, heads, k, k), dtype, device)
+    else:
+        inputs = cases.make_angle(shape, dtype, device)[:5]
+    return [x.detach().requires_grad_() for x in inputs]
+
+
+def _floor_bytes(family: str, shape: Shape, mode: str, itemsize: int) -> int:
+    if family == "affine":
+        full = (*shape, shape[-1])
+        fwd, bwd = cases.affine_rec_fwd(full, itemsize), cases.affine_rec_bwd(full, itemsize)
+    else:
+        fwd, bwd = cases.angle_fwd(shape, itemsize), cases.angle_bwd(shape, itemsize)
+    return fwd if mode == "fwd" else fwd + bwd
+
+
+def _configs(args: argparse.Namespace, family: str) -> list[tuple[str, dict[str, int] | None]]:
+    """(label, settings) of every configuration; settings None is the sequential strategy."""
+    grid: list[tuple[str, dict[str, int] | None]] = [("sequential", None)]
+    if family == "affine":
+        for chunk, stages in itertools.product(args.chunks, args.stages):
+            grid.append((f"chunked c{chunk} s{stages}", {"chunk": chunk, "stages": stages}))
+    else:
+        for chunk, stages, unroll, tile, warps in itertools.product(
+            args.chunks, args.stages, args.unroll, args.tile, args.matrix_warps
+        ):
+            label = f"chunked c{chunk} s{stages} u{unroll} tile{tile}" + (f" w{warps}" if warps else "")
+            grid.append(
+                (label, {"chunk": chunk, "stages": stages, "unroll": unroll, "tile": tile, "warps": warps})
+            )
+    return grid[:1] + grid[-1:] if args.smoke else grid
+
+
+@contextlib.contextmanager
+def _forced(family: str, settings: dict[str, int] | None) -> Iterator[None]:
+    """Every launch of ``family`` inside the block uses ``settings`` (None: the sequential strategy)."""
+    if family == "affine":
+        if settings is None:
+            with affine.force_strategy("sequential"):
+                yield
+            return
+        own_config = affine._config
+        affine._config = lambda *a: {**own_config(*a), "STAGES": settings["stages"]}
+        try:
+            with affine.force_strategy("chunked", settings["chunk"]):
+                yield
+        finally:
+            affine._config = own_config
+        return
+    if settings is None:
+        with angle.force_strategy("sequential"):
+            yield
+        return
+    own_plan, own_warps = angle._plan, angle._matrix_warps
+
+    def plan(batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device) -> Any:
+        block_h = min(next_pow2(heads), max(1, settings["tile"] // next_pow2(k)))
+        chunk = min(settings["chunk"], max(1, steps))
+        return angle._Plan("chunked", chunk, block_h, settings["stages"], settings["unroll"])
+
+    angle._plan = plan
+    if settings["warps"]:
+        angle._matrix_warps = lambda block_k: settings["warps"]
+    try:
+        yield
+    finally:
+        angle._plan, angle._matrix_warps = own_plan, own_warps
+
+
+def _own_plan(family: str, shape: Shape, device: torch.device) -> str:
+    if family == "affine":
+        batch, steps, heads, k = shape
+        config = affine._config(k, k, torch.float32)
+        name, chunk = affine._strategy(batch * heads, steps, num_sms(device), config["KP"])
+        return f"{name} c{chunk} s{config['STAGES']}" if name == "chunked" else name
+    batch, steps, heads, k, layers = shape
+    p = angle._plan(batch, steps, heads, k, layers, device)
+    if p.strategy == "sequential":
+        return f"sequential heads{p.block_h}"
+    tile = p.block_h * next_pow2(k)
+    return f"chunked c{p.chunk} s{p.stages} u{p.unroll} tile{tile} w{angle._matrix_warps(next_pow2(k))}"
+
+
+class Sweep:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.device = torch.device("cpu" if args.smoke else "cuda")
+        self.floors: dict[int, float] = {}
+
+    def time_ms(self, fn: Callable[[], Any]) -> float:
+        cuda = self.device.type == "cuda"
+        if cuda and self.args.graph:
+            from triton.testing import do_bench_cudagraph
+
+            return float(do_bench_cudagraph(fn, rep=self.args.rep, return_mode="median"))
+        return run.median_ms(fn, cuda=cuda, warmup=self.args.warmup, rep=self.args.rep, tries=2)
+
+    def floor_ms(self, nbytes: int) -> float:
+        if nbytes not in self.floors:
+            self.floors[nbytes] = run.copy_ms(nbytes, self.device, self.time_ms)
+        return self.floors[nbytes]
+
+    def call(self, family: str, mode: str, inputs: list[Tensor]) -> Callable[[], Any]:
+        """The timed call; forward+backward takes the gradient of a fixed, seeded output gradient."""
+        if family == "affine":
+            op: Callable[..., Any] = affine.affine_scan_fwd if self.args.op == "scan" else affine.recurrence
+            args = inputs[:2] if self.args.op == "scan" else inputs
+        else:
+            layout = default_angle_layout(inputs[3].shape[-1], inputs[0].shape[-2])
+            perm, sgn, p2p = (t.to(self.device) for t in layout)
+            sgn = sgn.to(inputs[0].dtype)
+            op, args = (lambda *x: angle.angle_scan_fwd(*x, perm, sgn, p2p, 1, 1)), inputs
+        outs = op(*(x.detach() for x in args))
+        outs = [outs] if isinstance(outs, Tensor) else list(outs)
+        gen = torch.Generator(device=self.device).manual_seed(1)
+        grads = [torch.randn(o.shape, device=self.device, generator=gen).to(o.dtype) for o in outs]
+        if mode == "fwd":
+            return lambda: op(*(x.detach() for x in args))
+
+        def forward_backward() -> tuple[Tensor, ...]:
+            out = op(*args)
+            return torch.autograd.grad(out if isinstance(out, tuple) else (out,), args, grads)
+
+        return forward_backward
+
+    def warm(self, family: str, shape: Shape, dtype: torch.dtype, mode: str, label: str) -> str:
+        """Run configuration ``label`` once, so its kernels are compiled into Triton's cache; "ok" or the
+        error."""
+        settings = dict(_configs(self.args, family))[label]
+        fn = self.call(family, mode, _inputs(family, shape, dtype, self.device))
+        try:
+            with _forced(family, settings):
+                fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # reported here; the timing run meets it again and records it
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        return "ok"
+
+    def run_one(self, family: str, shape: Shape, dtype: torch.dtype, mode: str) -> list[dict]:
+        inputs = _inputs(family, shape, dtype, self.device)
+        fn = self.call(family, mode, inputs)
+        want = fn()
+        want = [want] if isinstance(want, Tensor) else list(want)
+        floor = self.floor_ms(_floor_bytes(family, shape, mode, inputs[0].element_size()))
+        base = {"family": family, "shape": "x".join(map(str, shape)), "dtype": str(dtype)[6:], "mode": mode}
+        own_ms = self.time_ms(fn)
+        own = {**base, "config": "own: " + _own_plan(family, shape, self.device), "status": "ok"}
+        rows = [{**own, "ms": own_ms, "x_floor": own_ms / floor, "max_err": 0.0}]
+        for label, settings in _configs(self.args, family):
+            row = {**base, "config": label}
+            try:
+                with _forced(family, settings):
+                    got = fn()
+                    got = [got] if isinstance(got, Tensor) else list(got)
+                    err = max(_rel_err(g, w) for g, w in zip(got, want, strict=True))
+                    if not err <= (1e-4 if dtype == torch.float32 else 2e-2):
+                        row.update(status=f"wrong (max rel. err {err:.1e})", max_err=err)
+                    else:
+                        ms = self.time_ms(fn)
+                        row.update(status="ok", ms=ms, x_floor=ms / floor, max_err=err)
+            except Exception as exc:  # a configuration the compiler rejects (registers, shared memory)
+                row.update(status=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+            rows.append(row)
+        return rows
+
+
+_worker: Sweep | None = None
+
+
+def _warm_task(argv: list[str], task: tuple[str, Shape, str, str, str]) -> tuple[str, float]:
+    """In a compile worker: :meth:`Sweep.warm` of one (family, shape, dtype, mode, label) task."""
+    global _worker
+    if _worker is None:
+        _worker = Sweep(parse(argv))
+    family, shape, dtype, mode, label = task
+    start = time.perf_counter()
+    status = _worker.warm(family, shape, getattr(torch, dtype), mode, label)
+    return status, time.perf_counter() - start
+
+
+def precompile(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run every configuration once in ``args.compile_workers`` spawned processes (Triton's on-disk cache
+    then serves the timing process); returns how many failed."""
+    tasks = [
+        (args.family, shape, str(dtype)[6:], mode, label)
+        for shape, dtype, mode in itertools.product(args.shapes, args.dtypes, args.modes)
+        for label, _ in _configs(args, args.family)
+    ]
+    started = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(args.compile_workers) as pool:
+        results = pool.starmap(_warm_task, [(argv, task) for task in tasks])
+    print(
+        f"compiled {len(tasks)} configurations in {time.perf_counter() - started:.1f} s with "
+        f"{args.compile_workers} workers"
+    )
+    failed = [(task, status) for task, (status, _) in zip(tasks, results, strict=True) if status != "ok"]
+    for (_, shape, dtype, mode, label), status in failed:
+        print(f"  {'x'.join(map(str, shape))} {dtype} {mode} {label}: {status}")
+    return len(failed)
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--family", choices=("affine", "angle"), default="angle")
+    parser.add_argument("--op", choices=("recurrence", "scan"), default="recurrence", help="affine only")
+    parser.add_argument(
+        "--shapes", default=None, help="comma-separated BxTxnxk (affine) or BxTxnxkxR (angle)"
+    )
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--modes", default="fwd,fwdbwd", help="fwd,fwdbwd")
+    parser.add_argument("--chunks", type=_parse_ints, default=_parse_ints("32,64,128"))
+    parser.add_argument("--stages", type=_parse_ints, default=_parse_ints("1,3"))
+    parser.add_argument("--unroll", type=_parse_ints, default=_parse_ints("1,4"), help="angle only")
+    parser.add_argument("--tile", type=_parse_ints, default=_parse_ints("1,32,64"), help="angle only")
+    parser.add_argument(
+        "--matrix-warps", type=_parse_ints, default=_parse_ints("0"), help="angle only; 0: the kernel's own"
+    )
+    parser.add_argument(
+        "--graph", action="store_true", help="time CUDA graph replays: GPU time, L2 not flushed"
+    )
+    parser.add_argument(
+        "--compile-workers", type=int, default=0, metavar="N", help="compile in N processes first"
+    )
+    parser.add_argument("--rep", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--top", type=int, default=5, help="best configurations printed per case")
+    parser.add_argument("--budget-min", type=float, default=8.0, help="stop starting cases after this")
+    parser.add_argument("--csv", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, two configs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.shapes = "1x40x2x4" if args.family == "affine" else "1x40x2x4x2"
+        args.dtypes, args.chunks, args.stages, args.unroll, args.tile = "float32", [8], [1], [1], [8]
+    elif not torch.cuda.is_available():
+        parser.error("the sweep times CUDA kernels: run it on a GPU, or pass --smoke")
+    try:
+        args.shapes = [_shape(args.family, s) for s in (args.shapes or SHAPES[args.family]).split(",")]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"--shapes: {exc}")
+    args.dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    args.modes = args.modes.split(",")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse(argv)
+    if run.kernels_missing():
+        return 2
+    broken = precompile(args, argv) if args.compile_workers > 0 else 0
+    sweep = Sweep(args)
+    started = time.perf_counter()
+    writer = None
+    if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        handle = args.csv.open("a", newline="")
+        writer = csv.DictWriter(handle, FIELDS, extrasaction="ignore")
+        if args.csv.stat().st_size == 0:
+            writer.writeheader()
+    for shape, dtype, mode in itertools.product(args.shapes, args.dtypes, args.modes):
+        if time.perf_counter() - started > args.budget_min * 60:
+            print(f"budget of {args.budget_min:g} min spent: {shape} {dtype} {mode} and later cases skipped")
+            break
+        rows = sweep.run_one(args.family, shape, dtype, mode)
+        if writer is not None:
+            writer.writerows(rows)
+            handle.flush()
+        own, rest = rows[0], rows[1:]
+        timed = sorted((r for r in rest if r["status"] == "ok"), key=lambda r: r["ms"])
+        print(
+            f"\n{args.family} {own['shape']} {own['dtype']} {mode}: {len(rest)} configs, {len(timed)} timed"
+        )
+        for r in [own, *timed[: args.top]]:
+            print(f"  {r['config']:<44} {r['ms']:9.4f} ms  {r['x_floor']:6.2f}x floor")
+        for r in rest:
+            if r["status"] != "ok":
+                print(f"  {r['config']:<44} {r['status']}")
+                broken += 1
+    if args.smoke and broken:  # on CPU every config must run: a failure there is a bug of the sweep or kernel
+        print(f"{broken} configs failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
