@@ -213,7 +213,8 @@ class TestInterpreted:
     def test_strategy_heuristic(self) -> None:
         cpu = torch.device("cpu")  # counts as 132 SMs
         assert _strategy(8, 4096, 16, 16, cpu) == ("chunked", 64)
-        assert _strategy(8, 4096, 16, 64, cpu) == ("chunked", 64)  # every k chunks
+        assert _strategy(8, 4096, 16, 64, cpu) == ("chunked", 64)
+        assert _strategy(8, 4096, 16, 66, cpu)[0] == "sequential"  # k > MAX_CHUNKED_K
         assert _strategy(1, 1 << 16, 4, 16, cpu) == ("chunked", 256)  # isqrt(T): 256 chunks of 256
         assert _strategy(132, 4096, 16, 16, cpu)[0] == "sequential"  # 16 rows per SM
         assert _strategy(131, 4096, 16, 16, cpu)[0] == "chunked"

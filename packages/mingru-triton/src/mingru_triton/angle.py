@@ -37,6 +37,8 @@ __all__ = ["angle_envelope", "angle_scan_bwd", "angle_scan_fwd", "force_strategy
 
 MAX_K = 128
 MAX_LAYERS = 16
+MAX_CHUNKED_K = 64
+"""Largest k the chunked strategy takes on its own: its k x k summaries were measured up to k = 64."""
 STRATEGIES = ("sequential", "chunked")
 _FORCED: list[str] = []
 CHUNK_TILE = 32
@@ -97,7 +99,8 @@ def _matrix_warps(block_k: int) -> int:
 def _strategy(batch: int, steps: int, heads: int, k: int, device: torch.device) -> tuple[str, int]:
     """(strategy, chunk length). A step waits on the one before it, so a program's time is its step count
     times a step's latency, and the GPU fills only with many programs per SM. Chunked, with chunks of
-    max(64, isqrt(T)) steps, unless the (batch, head) rows alone give >= 16 programs per SM or T < 2 chunks.
+    max(64, isqrt(T)) steps, unless the (batch, head) rows alone give >= 16 programs per SM, T < 2 chunks or
+    k > :data:`MAX_CHUNKED_K`.
 
     Of chunks of 32, 64 and 128 steps, 64 was within 2% of the fastest for every k in {8, 16, 32, 64} and R in
     {1, 2, 4} at (B, T, n) = (8, 4096, 16) on an H200, where the earlier rule (about four programs per SM,
@@ -111,7 +114,7 @@ def _strategy(batch: int, steps: int, heads: int, k: int, device: torch.device) 
         return "chunked", max(1, min(chunk, cdiv(steps, 3))) if steps > 1 else 1
     if forced == "sequential":
         return "sequential", steps
-    if rows < 16 * num_sms(device) and steps >= 2 * chunk:
+    if k <= MAX_CHUNKED_K and rows < 16 * num_sms(device) and steps >= 2 * chunk:
         return "chunked", chunk
     return "sequential", steps
 
