@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import importlib
 import itertools
 import os
 import sys
@@ -156,18 +157,19 @@ def _rel_err(got: Tensor, want: Tensor) -> float:
 
 _WARM_ELEMENTS = 1 << 27
 """Largest B x T x D a compile worker runs (longer T is halved): the workers share the GPU's memory."""
-_worker: Sweep | None = None
+_workers: dict[str, Any] = {}
+"""Per compile worker process: the sweep object of each sweep module, built once from its command line."""
 
 
-def _warm_task(argv: list[str], task: tuple[str, Shape, str, str, str]) -> tuple[str, float]:
-    """In a compile worker: :meth:`Sweep.warm` of one (family, shape, dtype, mode, label) task; returns
-    (status, seconds)."""
-    global _worker
-    if _worker is None:
-        _worker = Sweep(parse(argv))
+def _warm_task(module: str, argv: list[str], task: tuple[str, Any, str, str, str]) -> tuple[str, float]:
+    """In a compile worker: ``Sweep.warm`` of the sweep module ``module`` (this one or sweep_chunked) for
+    one (family, shape, dtype, mode, label) task; returns (status, seconds)."""
+    if module not in _workers:
+        source = importlib.import_module(module)
+        _workers[module] = source.Sweep(source.parse(argv))
     family, shape, dtype, mode, label = task
     start = time.perf_counter()
-    status = _worker.warm(family, shape, getattr(torch, dtype), mode, label)
+    status = _workers[module].warm(family, shape, getattr(torch, dtype), mode, label)
     return status, time.perf_counter() - start
 
 
@@ -176,29 +178,39 @@ def precompile(args: argparse.Namespace, argv: list[str]) -> int:
     starts (Triton's on-disk cache then serves the timing process): compiling takes seconds per tile and
     configuration, one at a time in a process. Returns how many configurations failed to run ("absent": one
     the shorter input does not have, such as a chunk as long as its T, does not count)."""
-    import multiprocessing
-
     sweep = Sweep(args)
     tasks = [
         (args.family, shape, str(dtype)[6:], mode, label)
         for shape, dtype, mode in itertools.product(args.shapes, args.dtypes, args.modes)
         for label, _ in sweep.configs(args.family, shape)
     ]
+    return compile_in_pool(args.compile_workers, "sweep", argv, tasks)
+
+
+def compile_in_pool(workers: int, module: str, argv: list[str], tasks: list[Any]) -> int:
+    """Warm every (family, shape, dtype, mode, label) task with the ``Sweep`` of sweep module ``module`` in
+    ``workers`` spawned processes, print the time and every task whose status is not "ok"; returns how many
+    failed ("absent" does not count)."""
+    import multiprocessing
+
     started = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(args.compile_workers) as pool:
-        results = pool.starmap(_warm_task, [(argv, task) for task in tasks])
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        results = pool.starmap(_warm_task, [(module, argv, task) for task in tasks])
     failed = [(task, status) for task, (status, _) in zip(tasks, results, strict=True) if status != "ok"]
     busy = sum(seconds for _, seconds in results)
     print(
         f"compiled {len(tasks)} configurations in {time.perf_counter() - started:.1f} s with "
-        f"{args.compile_workers} workers ({busy:.1f} s of work)"
+        f"{workers} workers ({busy:.1f} s of work)"
     )
     for (_, shape, dtype, mode, label), status in failed:
         print(f"  {'x'.join(map(str, shape))} {dtype} {mode} {label}: {status}")
     return sum(status != "absent" for _, status in failed)
 
 
-class Sweep:
+class Timer:
+    """Timing of a sweep's calls on its device (CPU under ``--smoke``): ``do_bench`` medians, or CUDA graph
+    replays with ``--graph``, and the copy floor of a byte count, measured once per count."""
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.device = torch.device("cpu" if args.smoke else "cuda")
@@ -217,6 +229,44 @@ class Sweep:
             self.floors[nbytes] = run.copy_ms(nbytes, self.device, self.time_ms)
         return self.floors[nbytes]
 
+    def warm_call(self, forced: contextlib.AbstractContextManager[Any], fn: Callable[[], Any]) -> str:
+        """Run ``fn`` once inside ``forced`` (compiling its kernels); "ok" or the error."""
+        try:
+            with forced:
+                fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # reported here; the timing run meets it again and records it
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        return "ok"
+
+    def timed_row(
+        self,
+        row: dict[str, Any],
+        forced: contextlib.AbstractContextManager[Any],
+        fn: Callable[[], Any],
+        want: list[Tensor],
+        floor: float,
+    ) -> dict[str, Any]:
+        """``row`` with the status of ``fn`` run inside ``forced``: "wrong" when its results are off ``want``
+        (max relative error above 1e-4 in float32, 2e-2 otherwise), "failed" when it raises, else "ok" with
+        its time and x floor."""
+        try:
+            with forced:
+                got = fn()
+                got = [got] if isinstance(got, Tensor) else list(got)
+                err = max(_rel_err(g, w) for g, w in zip(got, want, strict=True))
+                if not err <= (1e-4 if want[0].dtype == torch.float32 else 2e-2):
+                    row.update(status=f"wrong (max rel. err {err:.1e})", max_err=err)
+                else:
+                    ms = self.time_ms(fn)
+                    row.update(status="ok", ms=ms, x_floor=ms / floor, max_err=err)
+        except Exception as exc:  # a configuration the compiler rejects (registers, shared memory)
+            row.update(status=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+        return row
+
+
+class Sweep(Timer):
     def call(self, family: str, mode: str, inputs: list[Tensor], grad: Tensor) -> Callable[[], Any]:
         op = _op(family)
         if mode == "fwd":
@@ -242,14 +292,7 @@ class Sweep:
             return "absent"
         inputs = _inputs(family, short, dtype, self.device)
         fn = self.call(family, mode, inputs, torch.ones(short, device=self.device, dtype=dtype))
-        try:
-            with _plan(family, plans[label]):
-                fn()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-        except Exception as exc:  # reported here; the timing run meets it again and records it
-            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
-        return "ok"
+        return self.warm_call(_plan(family, plans[label]), fn)
 
     def run_one(self, family: str, shape: Shape, dtype: torch.dtype, mode: str) -> list[dict]:
         inputs = _inputs(family, shape, dtype, self.device)
@@ -265,21 +308,7 @@ class Sweep:
         own_ms = self.time_ms(fn)
         rows.append({**own, "ms": own_ms, "x_floor": own_ms / floor})
         for label, plan in self.configs(family, shape):
-            row = {**base, "config": label}
-            try:
-                with _plan(family, plan):
-                    got = fn()
-                    got = [got] if isinstance(got, Tensor) else list(got)
-                    err = max(_rel_err(g, w) for g, w in zip(got, want, strict=True))
-                    limit = 1e-4 if dtype == torch.float32 else 2e-2
-                    if not err <= limit:
-                        row.update(status=f"wrong (max rel. err {err:.1e})", max_err=err)
-                    else:
-                        ms = self.time_ms(fn)
-                        row.update(status="ok", ms=ms, x_floor=ms / floor, max_err=err)
-            except Exception as exc:  # a configuration the compiler rejects (registers, shared memory)
-                row.update(status=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
-            rows.append(row)
+            rows.append(self.timed_row({**base, "config": label}, _plan(family, plan), fn, want, floor))
         return rows
 
 
@@ -311,6 +340,21 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=_parse_ints("1,2,4"),
         help="warps per tile of the single-pass configurations (more than one: the warps split the steps)",
     )
+    add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.shapes, args.dtypes, args.block_d, args.tile, args.warps = "2x20x12", "float32", [8], [64], [1]
+        args.chunks, args.lookback_d, args.lookback_t = [8], [16], [4]
+    elif not torch.cuda.is_available():
+        parser.error("the sweep times CUDA kernels: run it on a GPU, or pass --smoke")
+    args.shapes = [run.parse_shape(s) for s in args.shapes.split(",")]
+    args.dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    args.modes = args.modes.split(",")
+    return args
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every sweep takes: timing, compile workers, output and the CPU smoke mode."""
     parser.add_argument(
         "--graph",
         action="store_true",
@@ -330,16 +374,6 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-min", type=float, default=8.0, help="stop starting cases after this")
     parser.add_argument("--csv", type=Path, default=None)
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, two configs")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.shapes, args.dtypes, args.block_d, args.tile, args.warps = "2x20x12", "float32", [8], [64], [1]
-        args.chunks, args.lookback_d, args.lookback_t = [8], [16], [4]
-    elif not torch.cuda.is_available():
-        parser.error("the sweep times CUDA kernels: run it on a GPU, or pass --smoke")
-    args.shapes = [run.parse_shape(s) for s in args.shapes.split(",")]
-    args.dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
-    args.modes = args.modes.split(",")
-    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -349,6 +383,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     broken = precompile(args, argv) if args.compile_workers > 0 else 0
     sweep = Sweep(args)
+    return sweep_cases(args, args.family, lambda *case: sweep.run_one(args.family, *case), broken)
+
+
+def sweep_cases(
+    args: argparse.Namespace,
+    family: str,
+    run_one: Callable[[Any, torch.dtype, str], list[dict]],
+    broken: int = 0,
+    width: int = 40,
+) -> int:
+    """``run_one(shape, dtype, mode)`` for every case of ``args`` until ``args.budget_min`` is spent: append
+    its rows to ``args.csv``, print the kernel's own plan (the first row) and the ``args.top`` fastest
+    configurations, then every one that did not run. Returns the exit status: 1 when a ``--smoke`` run had
+    ``broken`` plus such configurations (on CPU every one must run), else 0."""
     started = time.perf_counter()
     writer = None
     if args.csv is not None:
@@ -361,21 +409,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if time.perf_counter() - started > args.budget_min * 60:
             print(f"budget of {args.budget_min:g} min spent: {shape} {dtype} {mode} and later cases skipped")
             break
-        rows = sweep.run_one(args.family, shape, dtype, mode)
+        rows = run_one(shape, dtype, mode)
         if writer is not None:
             writer.writerows(rows)
             handle.flush()
         own, rest = rows[0], rows[1:]
         timed = sorted((r for r in rest if r["status"] == "ok"), key=lambda r: r["ms"])
-        case = f"{args.family} {own['shape']} {own['dtype']} {mode}"
-        print(f"\n{case}: {len(rest)} configs, {len(timed)} timed")
+        print(f"\n{family} {own['shape']} {own['dtype']} {mode}: {len(rest)} configs, {len(timed)} timed")
         for r in [own, *timed[: args.top]]:
-            print(f"  {r['config']:<40} {r['ms']:9.4f} ms  {r['x_floor']:6.2f}x floor")
+            print(f"  {r['config']:<{width}} {r['ms']:9.4f} ms  {r['x_floor']:6.2f}x floor")
         for r in rest:
             if r["status"] != "ok":
-                print(f"  {r['config']:<40} {r['status']}")
-                broken += r["status"].startswith("failed")
-    if args.smoke and broken:  # on CPU every config must run: a failure there is a bug of the sweep or kernel
+                print(f"  {r['config']:<{width}} {r['status']}")
+                broken += 1
+    if args.smoke and broken:
         print(f"{broken} configs failed", file=sys.stderr)
         return 1
     return 0

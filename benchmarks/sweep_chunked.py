@@ -25,14 +25,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import itertools
-import multiprocessing
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 if "--smoke" in sys.argv:
@@ -41,7 +37,7 @@ if "--smoke" in sys.argv:
 import cases
 import run
 import torch
-from sweep import FIELDS, _parse_ints, _rel_err
+from sweep import Timer, _parse_ints, add_common_arguments, compile_in_pool, sweep_cases
 from torch import Tensor
 
 from mingru.scans.angle import default_angle_layout
@@ -150,25 +146,7 @@ def _own_plan(family: str, shape: Shape, device: torch.device) -> str:
     return f"chunked c{p.chunk} s{p.stages} u{p.unroll} tile{tile} w{angle._matrix_warps(next_pow2(k))}"
 
 
-class Sweep:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.device = torch.device("cpu" if args.smoke else "cuda")
-        self.floors: dict[int, float] = {}
-
-    def time_ms(self, fn: Callable[[], Any]) -> float:
-        cuda = self.device.type == "cuda"
-        if cuda and self.args.graph:
-            from triton.testing import do_bench_cudagraph
-
-            return float(do_bench_cudagraph(fn, rep=self.args.rep, return_mode="median"))
-        return run.median_ms(fn, cuda=cuda, warmup=self.args.warmup, rep=self.args.rep, tries=2)
-
-    def floor_ms(self, nbytes: int) -> float:
-        if nbytes not in self.floors:
-            self.floors[nbytes] = run.copy_ms(nbytes, self.device, self.time_ms)
-        return self.floors[nbytes]
-
+class Sweep(Timer):
     def call(self, family: str, mode: str, inputs: list[Tensor]) -> Callable[[], Any]:
         """The timed call; forward+backward takes the gradient of a fixed, seeded output gradient."""
         if family == "affine":
@@ -197,14 +175,7 @@ class Sweep:
         error."""
         settings = dict(_configs(self.args, family))[label]
         fn = self.call(family, mode, _inputs(family, shape, dtype, self.device))
-        try:
-            with _forced(family, settings):
-                fn()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-        except Exception as exc:  # reported here; the timing run meets it again and records it
-            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
-        return "ok"
+        return self.warm_call(_forced(family, settings), fn)
 
     def run_one(self, family: str, shape: Shape, dtype: torch.dtype, mode: str) -> list[dict]:
         inputs = _inputs(family, shape, dtype, self.device)
@@ -217,35 +188,8 @@ class Sweep:
         own = {**base, "config": "own: " + _own_plan(family, shape, self.device), "status": "ok"}
         rows = [{**own, "ms": own_ms, "x_floor": own_ms / floor, "max_err": 0.0}]
         for label, settings in _configs(self.args, family):
-            row = {**base, "config": label}
-            try:
-                with _forced(family, settings):
-                    got = fn()
-                    got = [got] if isinstance(got, Tensor) else list(got)
-                    err = max(_rel_err(g, w) for g, w in zip(got, want, strict=True))
-                    if not err <= (1e-4 if dtype == torch.float32 else 2e-2):
-                        row.update(status=f"wrong (max rel. err {err:.1e})", max_err=err)
-                    else:
-                        ms = self.time_ms(fn)
-                        row.update(status="ok", ms=ms, x_floor=ms / floor, max_err=err)
-            except Exception as exc:  # a configuration the compiler rejects (registers, shared memory)
-                row.update(status=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
-            rows.append(row)
+            rows.append(self.timed_row({**base, "config": label}, _forced(family, settings), fn, want, floor))
         return rows
-
-
-_worker: Sweep | None = None
-
-
-def _warm_task(argv: list[str], task: tuple[str, Shape, str, str, str]) -> tuple[str, float]:
-    """In a compile worker: :meth:`Sweep.warm` of one (family, shape, dtype, mode, label) task."""
-    global _worker
-    if _worker is None:
-        _worker = Sweep(parse(argv))
-    family, shape, dtype, mode, label = task
-    start = time.perf_counter()
-    status = _worker.warm(family, shape, getattr(torch, dtype), mode, label)
-    return status, time.perf_counter() - start
 
 
 def precompile(args: argparse.Namespace, argv: list[str]) -> int:
@@ -256,17 +200,7 @@ def precompile(args: argparse.Namespace, argv: list[str]) -> int:
         for shape, dtype, mode in itertools.product(args.shapes, args.dtypes, args.modes)
         for label, _ in _configs(args, args.family)
     ]
-    started = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(args.compile_workers) as pool:
-        results = pool.starmap(_warm_task, [(argv, task) for task in tasks])
-    print(
-        f"compiled {len(tasks)} configurations in {time.perf_counter() - started:.1f} s with "
-        f"{args.compile_workers} workers"
-    )
-    failed = [(task, status) for task, (status, _) in zip(tasks, results, strict=True) if status != "ok"]
-    for (_, shape, dtype, mode, label), status in failed:
-        print(f"  {'x'.join(map(str, shape))} {dtype} {mode} {label}: {status}")
-    return len(failed)
+    return compile_in_pool(args.compile_workers, "sweep_chunked", argv, tasks)
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -285,18 +219,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--matrix-warps", type=_parse_ints, default=_parse_ints("0"), help="angle only; 0: the kernel's own"
     )
-    parser.add_argument(
-        "--graph", action="store_true", help="time CUDA graph replays: GPU time, L2 not flushed"
-    )
-    parser.add_argument(
-        "--compile-workers", type=int, default=0, metavar="N", help="compile in N processes first"
-    )
-    parser.add_argument("--rep", type=int, default=25)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--top", type=int, default=5, help="best configurations printed per case")
-    parser.add_argument("--budget-min", type=float, default=8.0, help="stop starting cases after this")
-    parser.add_argument("--csv", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, two configs")
+    add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.shapes = "1x40x2x4" if args.family == "affine" else "1x40x2x4x2"
@@ -319,37 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     broken = precompile(args, argv) if args.compile_workers > 0 else 0
     sweep = Sweep(args)
-    started = time.perf_counter()
-    writer = None
-    if args.csv is not None:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        handle = args.csv.open("a", newline="")
-        writer = csv.DictWriter(handle, FIELDS, extrasaction="ignore")
-        if args.csv.stat().st_size == 0:
-            writer.writeheader()
-    for shape, dtype, mode in itertools.product(args.shapes, args.dtypes, args.modes):
-        if time.perf_counter() - started > args.budget_min * 60:
-            print(f"budget of {args.budget_min:g} min spent: {shape} {dtype} {mode} and later cases skipped")
-            break
-        rows = sweep.run_one(args.family, shape, dtype, mode)
-        if writer is not None:
-            writer.writerows(rows)
-            handle.flush()
-        own, rest = rows[0], rows[1:]
-        timed = sorted((r for r in rest if r["status"] == "ok"), key=lambda r: r["ms"])
-        print(
-            f"\n{args.family} {own['shape']} {own['dtype']} {mode}: {len(rest)} configs, {len(timed)} timed"
-        )
-        for r in [own, *timed[: args.top]]:
-            print(f"  {r['config']:<44} {r['ms']:9.4f} ms  {r['x_floor']:6.2f}x floor")
-        for r in rest:
-            if r["status"] != "ok":
-                print(f"  {r['config']:<44} {r['status']}")
-                broken += 1
-    if args.smoke and broken:  # on CPU every config must run: a failure there is a bug of the sweep or kernel
-        print(f"{broken} configs failed", file=sys.stderr)
-        return 1
-    return 0
+    return sweep_cases(args, args.family, lambda *case: sweep.run_one(args.family, *case), broken, width=44)
 
 
 if __name__ == "__main__":
