@@ -377,13 +377,25 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_sweep(argv, parse, Sweep, precompile)
+
+
+def run_sweep(
+    argv: Sequence[str] | None,
+    parse_fn: Callable[[list[str]], argparse.Namespace],
+    sweep_type: Callable[[argparse.Namespace], Any],
+    precompile_fn: Callable[[argparse.Namespace, list[str]], int],
+    width: int = 40,
+) -> int:
+    """A sweep script's main: parse ``argv`` (default: the command line), check the kernels can run, compile
+    in workers when asked, then :func:`sweep_cases` over ``sweep_type(args).run_one``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse(argv)
+    args = parse_fn(argv)
     if run.kernels_missing():
         return 2
-    broken = precompile(args, argv) if args.compile_workers > 0 else 0
-    sweep = Sweep(args)
-    return sweep_cases(args, args.family, lambda *case: sweep.run_one(args.family, *case), broken)
+    broken = precompile_fn(args, argv) if args.compile_workers > 0 else 0
+    sweep = sweep_type(args)
+    return sweep_cases(args, args.family, lambda *case: sweep.run_one(args.family, *case), broken, width)
 
 
 def sweep_cases(

@@ -35,9 +35,8 @@ if "--smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import cases
-import run
 import torch
-from sweep import Timer, _parse_ints, add_common_arguments, compile_in_pool, sweep_cases
+from sweep import Timer, _parse_ints, add_common_arguments, compile_in_pool, run_sweep
 from torch import Tensor
 
 from mingru.scans.angle import default_angle_layout
@@ -236,13 +235,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse(argv)
-    if run.kernels_missing():
-        return 2
-    broken = precompile(args, argv) if args.compile_workers > 0 else 0
-    sweep = Sweep(args)
-    return sweep_cases(args, args.family, lambda *case: sweep.run_one(args.family, *case), broken, width=44)
+    return run_sweep(argv, parse, Sweep, precompile, width=44)
 
 
 if __name__ == "__main__":
