@@ -18,6 +18,7 @@ from mingru.scans.angle import angle_scan_ref, default_angle_layout, validate_an
 from mingru_triton.angle import (
     _plan,
     _strategy,
+    _summary_tile,
     angle_envelope,
     angle_scan_bwd,
     angle_scan_fwd,
@@ -223,16 +224,36 @@ class TestInterpreted:
 
     def test_plan(self) -> None:
         cpu = torch.device("cpu")
-        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 1, 4)  # 4 heads of 8, unrolled (R = 1)
-        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1)
-        assert _plan(8, 4096, 16, 32, 4, cpu) == ("chunked", 64, 1, 3, 1)  # pipelined: k * R >= 128
-        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 1, 1)
-        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 1, 1)  # no more heads than there are
-        assert _plan(132, 4096, 16, 8, 1, cpu) == ("sequential", 4096, 4, 1, 1)  # loops as written
+        # (strategy, chunk, vector-path heads, stages, unroll, (summary heads, columns, warps))
+        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 1, 4, (4, 8, 1))  # unrolled (R = 1)
+        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1))
+        assert _plan(8, 4096, 16, 32, 4, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1))  # k * R >= 128
+        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 1, 1, (2, 16, 1))
+        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 1, 1, (1, 16, 1))  # only one head
+        assert _plan(132, 4096, 16, 8, 1, cpu) == ("sequential", 4096, 4, 1, 1, (1, 1, 1))  # as written
         with force_strategy("chunked"):
             assert _strategy(64, 1 << 16, 16, 64, cpu)[0] == "chunked"
         with pytest.raises(ValueError, match="strategy must be one of"), force_strategy("parallel"):
             pass
+
+    def test_summary_tile(self) -> None:
+        # 32 rows per warp: 32 // k heads for k <= 16; columns split where a row would not fit registers
+        assert _summary_tile(16, 2, 1) == (16, 2, 1)
+        assert _summary_tile(3, 6, 2) == (4, 8, 1)
+        assert _summary_tile(16, 32, 8) == (1, 32, 1)
+        assert _summary_tile(16, 32, 9) == (1, 16, 1)
+        tiles = [_summary_tile(16, 64, r) for r in (1, 2, 3, 4, 16)]
+        assert tiles == [(1, 64, 2), (1, 32, 2), (1, 32, 2), (1, 32, 2), (1, 32, 2)]
+        assert _summary_tile(16, 128, 1) == (1, 32, 4)
+
+    @pytest.mark.parametrize(("heads", "k", "layers"), [(3, 6, 2), (1, 64, 2), (1, 64, 4)])
+    def test_summary_tiles_match_reference(self, heads: int, k: int, layers: int) -> None:
+        """Summary programs with masked heads (3 heads in a block of 4) or split columns (k = 64)."""
+        inputs = make_inputs(1, 9, heads, k, layers, torch.float32, torch.device("cpu"), seed=11)
+        tile = _summary_tile(heads, k, layers)
+        assert tile[0] > heads or tile[1] < k
+        with force_strategy("chunked"):
+            check_against_reference(inputs, layout_for("random", k, layers, seed=3), 1, 1)
 
     def test_envelope(self) -> None:
         meta = torch.device("meta")
@@ -282,6 +303,7 @@ class TestCuda:
             (2, 777, 8, 32, 4),
             (2, 512, 4, 64, 3),
             (1, 4096, 2, 16, 4),
+            (2, 300, 3, 8, 2),
         ],
     )
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

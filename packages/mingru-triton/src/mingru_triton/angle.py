@@ -89,11 +89,28 @@ def _warps(tile: int) -> int:
 
 
 def _matrix_warps(block_k: int) -> int:
-    """Warps of a chunk-summary or carry program (a BLOCK_K x BLOCK_K matrix): 1 up to k = 16, 2 for k = 32,
-    4 above. The summaries took 63%-74% of the chunked time (k <= 32); on an H200 (k = 16, 32, 64, R = 1
-    and 4) these ran 1.3x-1.5x faster than twice as many warps and 1.6x-2.3x faster than four times as
-    many."""
+    """Warps of a chunk-carry program (a BLOCK_K x BLOCK_K matrix times a vector, per chunk): 1 up to k = 16,
+    2 for k = 32, 4 above."""
     return 1 if block_k <= 16 else 2 if block_k <= 32 else 4
+
+
+def _summary_tile(heads: int, k: int, layers: int) -> tuple[int, int, int]:
+    """(heads, columns, warps) of a chunk-summary program. Its rows are BLOCK_H heads x BLOCK_K state entries,
+    one row per thread where they fit (32 rows per warp: 32 // BLOCK_K heads up to k = 16), so that a row's
+    cos / sin serves all its columns. The columns (independent: the layers applied to columns of the
+    identity) are split over programs where a whole row would not fit in registers: every layer's gather
+    lanes are loop-invariant and held across the step loop.
+
+    On an H200 ((B, T, n) = (8, 4096, 16), R in {1, 2, 4}, fp32 fwd and fwd+bwd), the chosen tiles ran
+    1.4x-1.8x faster than one head per program at k = 16 and 1.4x-1.7x faster than two at k = 8; at k = 32
+    1.0x-1.3x faster than 16 columns and 1.3x-1.6x faster than 2 warps; at k = 64 1.2x-1.4x faster than 16
+    columns (64 columns: 1.1x faster for R = 1, 1.5x-1.6x slower for R = 4, where they spill)."""
+    block_k = next_pow2(k)
+    if block_k <= 16:
+        return min(next_pow2(heads), 32 // block_k), block_k, 1
+    if block_k == 32:
+        return 1, 32 if layers <= 8 else 16, 1
+    return 1, 64 if block_k == 64 and layers <= 1 else 32, block_k // 32
 
 
 def _strategy(batch: int, steps: int, heads: int, k: int, device: torch.device) -> tuple[str, int]:
@@ -128,6 +145,8 @@ class _Plan(NamedTuple):
     """``tl.range`` pipelining depth of the per-step loops."""
     unroll: int
     """``tl.range`` unroll factor of the per-step loops."""
+    summary: tuple[int, int, int] = (1, 1, 1)
+    """(heads, columns, warps) of a chunk-summary program (:func:`_summary_tile`)."""
 
 
 def _plan(batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device) -> _Plan:
@@ -141,7 +160,7 @@ def _plan(batch: int, steps: int, heads: int, k: int, layers: int, device: torch
     stages = 3 if k * layers >= 128 else 1
     unroll = 4 if layers == 1 and k <= 16 else 1
     block_h = min(next_pow2(heads), max(1, CHUNK_TILE // next_pow2(k)))
-    return _Plan(strategy, chunk, block_h, stages, unroll)
+    return _Plan(strategy, chunk, block_h, stages, unroll, _summary_tile(heads, k, layers))
 
 
 @triton.jit
@@ -295,105 +314,128 @@ def _bwd_kernel(
 @triton.jit
 def _fwd_summary_kernel(
     theta_ptr, scale_ptr, gamma_ptr, b_ptr, perm_ptr, sgn_ptr, p2p_ptr, mat_ptr, end_ptr,
-    T, n, NC, CHUNK,
-    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
+    T, n, n_hblocks, NC, CHUNK,
+    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
     STAGES: tl.constexpr, UNROLL: tl.constexpr,
 ):  # fmt: skip
     """Chunked phase 1: per (batch, head, chunk) the product M of c_t L_t over the chunk (newest on the
     left, the layers applied to the columns of the identity) and the zero-start end state e.
-    mat (B, n, NC, k, k), end (B, n, NC, k)."""
+    A program holds BLOCK_H heads' matrices stacked as (BLOCK_H * BLOCK_K, BLOCK_K) rows, so that each row's
+    cos / sin serves a whole row. mat (B, n, NC, k, k), end (B, n, NC, k)."""
     pid = tl.program_id(0).to(tl.int64)
     c = pid % NC
     rest = pid // NC
-    head = rest % n
-    bi = rest // n
-    lanes = tl.arange(0, BLOCK_K)
+    cb = rest % (BLOCK_K // BLOCK_C)
+    rest = rest // (BLOCK_K // BLOCK_C)
+    hb = rest % n_hblocks
+    bi = rest // n_hblocks
+    ROWS: tl.constexpr = BLOCK_H * BLOCK_K
+    rows = tl.arange(0, ROWS)
+    lane = rows % BLOCK_K
+    head = hb * BLOCK_H + rows // BLOCK_K
+    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
-    kmask = lanes < K
-    mmask = kmask[:, None] & kmask[None, :]
-    mat = ((lanes[:, None] == lanes[None, :]).to(tl.float32)).to(WT)
-    end = tl.zeros((BLOCK_K,), dtype=tl.float32).to(WT)
+    rmask = (lane < K) & (head < n)
+    mat = ((lane[:, None] == cols[None, :]).to(tl.float32)).to(WT)
+    end = tl.zeros((ROWS, 1), dtype=tl.float32).to(WT)
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
         t = c * CHUNK + s
-        live = kmask & (lanes * 0 + t < T)
+        live = rmask & (rows * 0 + t < T)
         row = (bi * T + t) * n + head
-        for r in tl.static_range(R):
-            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            partner = tl.where(kmask, partner, lanes)
-            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
-            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
-            th = tl.load(theta_ptr + (row * R + r) * HALF + angle, mask=live, other=0.0).to(WT)
-            cs = tl.cos(th)
-            ssn = side * tl.sin(th)
-            ms = mat * sign[:, None]
-            idx = tl.broadcast_to(partner[:, None], (BLOCK_K, BLOCK_K))
-            mat = cs[:, None] * ms + ssn[:, None] * tl.gather(ms, idx, 0)
-            es = end * sign
-            end = cs * es + ssn * tl.gather(es, partner, 0)
+        factor = tl.full((ROWS,), 1.0, tl.float32).to(WT)
         if HAS_SCALE:
-            factor = tl.load(scale_ptr + row + lanes * 0, mask=live, other=1.0).to(WT)
-            mat = mat * factor[:, None]
-            end = end * factor
+            factor = factor * tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
         if HAS_DECAY:
-            factor = tl.load(gamma_ptr + row + lanes * 0, mask=live, other=1.0).to(WT)
+            factor = factor * tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
+        for r in tl.static_range(R):
+            partner = tl.load(perm_ptr + r * K + lane, mask=lane < K, other=0).to(tl.int32)
+            partner = tl.where(lane < K, partner, lane)
+            angle = tl.load(p2p_ptr + r * K + lane, mask=lane < K, other=0).to(tl.int32)
+            sign = tl.load(sgn_ptr + r * K + lane, mask=lane < K, other=1.0).to(WT)
+            psign = tl.load(sgn_ptr + r * K + partner, mask=lane < K, other=1.0).to(WT)
+            th = tl.load(theta_ptr + (row * R + r) * HALF + angle, mask=live, other=0.0).to(WT)
+            # y_i = cos_i sgn_i x_i +- sin_i sgn_p x_p; the step's factor rides on the last layer
+            cs = tl.cos(th) * sign
+            ssn = tl.where(lane < partner, -1.0, 1.0).to(WT) * tl.sin(th) * psign
+            if r == R - 1:
+                cs = cs * factor
+                ssn = ssn * factor
+            src = rows - lane + partner
+            pick = tl.broadcast_to(src[:, None], (ROWS, BLOCK_C))
+            mat = cs[:, None] * mat + ssn[:, None] * tl.gather(mat, pick, 0)
+            end = cs[:, None] * end + ssn[:, None] * tl.gather(end, src[:, None], 0)
+        if R == 0:
             mat = mat * factor[:, None]
-            end = end * factor
-        end = end + tl.load(b_ptr + row * K + lanes, mask=live, other=0.0).to(WT)
-    tl.store(mat_ptr + pid * K * K + lanes[:, None] * K + lanes[None, :], mat, mask=mmask)
-    tl.store(end_ptr + pid * K + lanes, end, mask=kmask)
+            end = end * factor[:, None]
+        end = end + tl.load(b_ptr + row * K + lane, mask=live, other=0.0).to(WT)[:, None]
+    summary = (bi * n + head) * NC + c
+    tl.store(mat_ptr + (summary * K * K + lane * K)[:, None] + cols[None, :], mat,
+             mask=rmask[:, None] & (cols < K)[None, :])  # fmt: skip
+    tl.store(end_ptr + (summary * K + lane)[:, None], end, mask=(rmask & (rows * 0 + cb == 0))[:, None])
 
 
 @triton.jit
 def _bwd_summary_kernel(
     theta_ptr, scale_ptr, gamma_ptr, grad_ptr, perm_ptr, sgn_ptr, p2p_ptr, mat_ptr, end_ptr,
-    T, n, NC, CHUNK,
-    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
+    T, n, n_hblocks, NC, CHUNK,
+    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
     STAGES: tl.constexpr, UNROLL: tl.constexpr,
 ):  # fmt: skip
     """Chunked backward phase 1: per (batch, head, chunk) N = A_{t0}^T ... A_{t1-1}^T (A_t = c_t L_t) and
-    the adjoint carry z leaving the chunk when none enters it. mat (B, n, NC, k, k), end (B, n, NC, k)."""
+    the adjoint carry z leaving the chunk when none enters it; BLOCK_H heads per program as in the forward.
+    mat (B, n, NC, k, k), end (B, n, NC, k)."""
     pid = tl.program_id(0).to(tl.int64)
     c = pid % NC
     rest = pid // NC
-    head = rest % n
-    bi = rest // n
-    lanes = tl.arange(0, BLOCK_K)
+    cb = rest % (BLOCK_K // BLOCK_C)
+    rest = rest // (BLOCK_K // BLOCK_C)
+    hb = rest % n_hblocks
+    bi = rest // n_hblocks
+    ROWS: tl.constexpr = BLOCK_H * BLOCK_K
+    rows = tl.arange(0, ROWS)
+    lane = rows % BLOCK_K
+    head = hb * BLOCK_H + rows // BLOCK_K
+    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
-    kmask = lanes < K
-    mmask = kmask[:, None] & kmask[None, :]
-    mat = ((lanes[:, None] == lanes[None, :]).to(tl.float32)).to(WT)
-    end = tl.zeros((BLOCK_K,), dtype=tl.float32).to(WT)
+    rmask = (lane < K) & (head < n)
+    mat = ((lane[:, None] == cols[None, :]).to(tl.float32)).to(WT)
+    end = tl.zeros((ROWS, 1), dtype=tl.float32).to(WT)
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
         t = c * CHUNK + CHUNK - 1 - s
-        live = kmask & (lanes * 0 + t < T)
+        live = rmask & (rows * 0 + t < T)
         row = (bi * T + t) * n + head
-        end = end + tl.load(grad_ptr + row * K + lanes, mask=live, other=0.0).to(WT)
+        end = end + tl.load(grad_ptr + row * K + lane, mask=live, other=0.0).to(WT)[:, None]
+        factor = tl.full((ROWS,), 1.0, tl.float32).to(WT)
         if HAS_SCALE:
-            factor = tl.load(scale_ptr + row + lanes * 0, mask=live, other=1.0).to(WT)
-            mat = mat * factor[:, None]
-            end = end * factor
+            factor = factor * tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
         if HAS_DECAY:
-            factor = tl.load(gamma_ptr + row + lanes * 0, mask=live, other=1.0).to(WT)
+            factor = factor * tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
+        if R == 0:
             mat = mat * factor[:, None]
-            end = end * factor
+            end = end * factor[:, None]
         for q in tl.static_range(R):
             r = R - 1 - q
-            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            partner = tl.where(kmask, partner, lanes)
-            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
-            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
+            partner = tl.load(perm_ptr + r * K + lane, mask=lane < K, other=0).to(tl.int32)
+            partner = tl.where(lane < K, partner, lane)
+            angle = tl.load(p2p_ptr + r * K + lane, mask=lane < K, other=0).to(tl.int32)
+            sign = tl.load(sgn_ptr + r * K + lane, mask=lane < K, other=1.0).to(WT)
             th = tl.load(theta_ptr + (row * R + r) * HALF + angle, mask=live, other=0.0).to(WT)
-            cs = tl.cos(th)
-            ssn = side * tl.sin(th)
-            idx = tl.broadcast_to(partner[:, None], (BLOCK_K, BLOCK_K))
-            mat = (cs[:, None] * mat - ssn[:, None] * tl.gather(mat, idx, 0)) * sign[:, None]
-            end = (cs * end - ssn * tl.gather(end, partner, 0)) * sign
-    tl.store(mat_ptr + pid * K * K + lanes[:, None] * K + lanes[None, :], mat, mask=mmask)
-    tl.store(end_ptr + pid * K + lanes, end, mask=kmask)
+            # y_i = sgn_i (cos_i x_i -+ sin_i x_p); the step's factor rides on the first layer applied
+            cs = tl.cos(th) * sign
+            ssn = tl.where(lane < partner, sign, -sign) * tl.sin(th)
+            if q == 0:
+                cs = cs * factor
+                ssn = ssn * factor
+            src = rows - lane + partner
+            pick = tl.broadcast_to(src[:, None], (ROWS, BLOCK_C))
+            mat = cs[:, None] * mat + ssn[:, None] * tl.gather(mat, pick, 0)
+            end = cs[:, None] * end + ssn[:, None] * tl.gather(end, src[:, None], 0)
+    summary = (bi * n + head) * NC + c
+    tl.store(mat_ptr + (summary * K * K + lane * K)[:, None] + cols[None, :], mat,
+             mask=rmask[:, None] & (cols < K)[None, :])  # fmt: skip
+    tl.store(end_ptr + (summary * K + lane)[:, None], end, mask=(rmask & (rows * 0 + cb == 0))[:, None])
 
 
 @triton.jit
@@ -480,13 +522,14 @@ def angle_scan_fwd(
         mats = torch.empty(batch, heads, chunks, k, k, device=b.device, dtype=_work_dtype(b))
         ends = torch.empty(batch, heads, chunks, k, device=b.device, dtype=_work_dtype(b))
         carries = torch.empty(batch, chunks, heads, k, device=b.device, dtype=_work_dtype(b))
-        warps = _matrix_warps(meta["BLOCK_K"])
-        grid = (batch * heads * chunks,)
+        sum_h, sum_c, sum_warps = plan.summary
+        grid = (batch * cdiv(heads, sum_h) * (meta["BLOCK_K"] // sum_c) * chunks,)
         launch(_fwd_summary_kernel, grid, theta, scale, gamma, b, perm, sgn, p2p, mats, ends,
-               steps, heads, chunks, chunk, **meta, **flags, **loops, num_warps=warps)  # fmt: skip
+               steps, heads, cdiv(heads, sum_h), chunks, chunk, **meta, BLOCK_H=sum_h, BLOCK_C=sum_c, **flags,
+               **loops, num_warps=sum_warps)  # fmt: skip
         launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks,
                K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=0, FP64=meta["FP64"], **loops,
-               num_warps=warps)  # fmt: skip
+               num_warps=_matrix_warps(meta["BLOCK_K"]))  # fmt: skip
     else:
         chunks, chunk, carries = 1, max(steps, 1), h0
     n_hblocks = cdiv(heads, plan.block_h)
@@ -544,13 +587,14 @@ def angle_scan_bwd(
         mats = torch.empty(batch, heads, chunks, k, k, device=b.device, dtype=_work_dtype(b))
         ends = torch.empty(batch, heads, chunks, k, device=b.device, dtype=_work_dtype(b))
         carries = torch.empty(batch, chunks, heads, k, device=b.device, dtype=_work_dtype(b))
-        warps = _matrix_warps(meta["BLOCK_K"])
-        grid = (batch * heads * chunks,)
+        sum_h, sum_c, sum_warps = plan.summary
+        grid = (batch * cdiv(heads, sum_h) * (meta["BLOCK_K"] // sum_c) * chunks,)
         launch(_bwd_summary_kernel, grid, theta, scale, gamma, grad_out, perm, sgn, p2p, mats, ends,
-               steps, heads, chunks, chunk, **meta, **flags, **loops, num_warps=warps)  # fmt: skip
+               steps, heads, cdiv(heads, sum_h), chunks, chunk, **meta, BLOCK_H=sum_h, BLOCK_C=sum_c, **flags,
+               **loops, num_warps=sum_warps)  # fmt: skip
         launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks,
                K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=1, FP64=meta["FP64"], **loops,
-               num_warps=warps)  # fmt: skip
+               num_warps=_matrix_warps(meta["BLOCK_K"]))  # fmt: skip
         carry_in = 1
     else:
         chunks, chunk, carries, carry_in = 1, max(steps, 1), h0, 0
