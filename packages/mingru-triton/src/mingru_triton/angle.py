@@ -41,6 +41,8 @@ MAX_CHUNKED_K = 64
 """Largest k the chunked strategy takes on its own: its k x k summaries were measured up to k = 64."""
 STRATEGIES = ("sequential", "chunked")
 _FORCED: list[str] = []
+CARRY_STAGES = 3
+"""``tl.range`` pipelining depth of the chunk-carry loop: its summary loads do not wait on the carry."""
 CHUNK_TILE = 32
 """State entries per vector-path program of the chunked strategy (whole heads; one head when k >= 32). On an
 H200, 32 ran 1.2x-1.4x (k = 8) and 1.1x-1.2x (k = 16) faster than one head per program."""
@@ -164,6 +166,26 @@ def _plan(batch: int, steps: int, heads: int, k: int, layers: int, device: torch
 
 
 @triton.jit
+def _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lanes, K: tl.constexpr, R: tl.constexpr, WT: tl.constexpr):
+    """Per rotation layer r (tuples of R (BLOCK_K,) vectors): the partner lane perm[r], the angle index
+    p2p[r], the sign sgn[r] and the side (-1 where the lane is the pair's first entry, else +1). Loaded once
+    before a step loop: inside a loop that stores, the compiler reloads them every step."""
+    kmask = lanes < K
+    partners = ()
+    angles = ()
+    signs = ()
+    sides = ()
+    for r in tl.static_range(R):
+        partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+        partner = tl.where(kmask, partner, lanes)
+        partners = partners + (partner,)  # noqa: RUF005 (triton has no starred tuples)
+        angles = angles + (tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32),)  # noqa: RUF005
+        signs = signs + (tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT),)  # noqa: RUF005
+        sides = sides + (tl.where(lanes < partner, -1.0, 1.0).to(WT),)  # noqa: RUF005
+    return partners, angles, signs, sides
+
+
+@triton.jit
 def _fwd_kernel(
     theta_ptr, scale_ptr, gamma_ptr, b_ptr, init_ptr, perm_ptr, sgn_ptr, p2p_ptr, out_ptr,
     T, n, n_hblocks, NC, CHUNK,
@@ -185,6 +207,7 @@ def _fwd_kernel(
     kmask = lanes < K
     mask = hmask[:, None] & kmask[None, :]
     x = tl.load(init_ptr + ((bi * NC + c) * n + heads)[:, None] * K + lanes[None, :], mask=mask).to(WT)
+    partners, angles, signs, sides = _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lanes, K, R, WT)
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
         t = c * CHUNK + s
         live = hmask & (heads * 0 + t < T)
@@ -192,17 +215,12 @@ def _fwd_kernel(
         row = (bi * T + t) * n + heads
         theta_base = (row * R * HALF)[:, None]
         for r in tl.static_range(R):
-            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            partner = tl.where(kmask, partner, lanes)
-            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
-            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
-            th = tl.load(theta_ptr + theta_base + r * HALF + angle[None, :], mask=tmask, other=0.0)
+            th = tl.load(theta_ptr + theta_base + r * HALF + angles[r][None, :], mask=tmask, other=0.0)
             cs = tl.cos(th.to(WT))
             sn = tl.sin(th.to(WT))
-            xs = x * sign[None, :]
-            idx = tl.broadcast_to(partner[None, :], (BLOCK_H, BLOCK_K))
-            x = cs * xs + side[None, :] * sn * tl.gather(xs, idx, 1)
+            xs = x * signs[r][None, :]
+            idx = tl.broadcast_to(partners[r][None, :], (BLOCK_H, BLOCK_K))
+            x = cs * xs + sides[r][None, :] * sn * tl.gather(xs, idx, 1)
         if HAS_SCALE:
             x = x * tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)[:, None]
         if HAS_DECAY:
@@ -242,6 +260,7 @@ def _bwd_kernel(
         carry = tl.load(carry_ptr + carry_offs, mask=mask, other=0.0).to(WT)
     else:
         carry = tl.zeros((BLOCK_H, BLOCK_K), dtype=tl.float32).to(WT)
+    partners, angles, signs, sides = _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lanes, K, R, WT)
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
         t = c * CHUNK + CHUNK - 1 - s
         live = hmask & (heads * 0 + t < T)
@@ -255,18 +274,18 @@ def _bwd_kernel(
         prev = tl.load(out_ptr + offs - n * K, mask=tmask & ~first, other=0.0).to(WT)
         prev += tl.load(h0_ptr + state, mask=tmask & first, other=0.0).to(WT)
         x = prev
+        # each layer's cos / sin, kept for the reverse sweep below
+        cosines = ()
+        sines = ()
         for r in tl.static_range(R):
-            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            partner = tl.where(kmask, partner, lanes)
-            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
-            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
-            th = tl.load(theta_ptr + theta_base + r * HALF + angle[None, :], mask=tmask, other=0.0)
+            th = tl.load(theta_ptr + theta_base + r * HALF + angles[r][None, :], mask=tmask, other=0.0)
             cs = tl.cos(th.to(WT))
             sn = tl.sin(th.to(WT))
-            xs = x * sign[None, :]
-            idx = tl.broadcast_to(partner[None, :], (BLOCK_H, BLOCK_K))
-            x = cs * xs + side[None, :] * sn * tl.gather(xs, idx, 1)
+            cosines = cosines + (cs,)  # noqa: RUF005 (triton has no starred tuples)
+            sines = sines + (sn,)  # noqa: RUF005
+            xs = x * signs[r][None, :]
+            idx = tl.broadcast_to(partners[r][None, :], (BLOCK_H, BLOCK_K))
+            x = cs * xs + sides[r][None, :] * sn * tl.gather(xs, idx, 1)
         dc = tl.sum(lam * x, axis=1)
         factor = tl.full((BLOCK_H,), 1.0, tl.float32).to(WT)
         if HAS_SCALE:
@@ -285,14 +304,12 @@ def _bwd_kernel(
         u = lam * factor[:, None]
         for q in tl.static_range(R):
             r = R - 1 - q
-            partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            partner = tl.where(kmask, partner, lanes)
-            angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
-            sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
-            side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
-            th = tl.load(theta_ptr + theta_base + r * HALF + angle[None, :], mask=tmask, other=0.0)
-            cs = tl.cos(th.to(WT))
-            sn = tl.sin(th.to(WT))
+            partner = partners[R - 1 - q]
+            angle = angles[R - 1 - q]
+            sign = signs[R - 1 - q]
+            side = sides[R - 1 - q]
+            cs = cosines[R - 1 - q]
+            sn = sines[R - 1 - q]
             idx = tl.broadcast_to(partner[None, :], (BLOCK_H, BLOCK_K))
             ssn = side[None, :] * sn
             # the layer's input (signed): the transpose of the rotation undoes it
@@ -528,7 +545,7 @@ def angle_scan_fwd(
                steps, heads, cdiv(heads, sum_h), chunks, chunk, **meta, BLOCK_H=sum_h, BLOCK_C=sum_c, **flags,
                **loops, num_warps=sum_warps)  # fmt: skip
         launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks,
-               K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=0, FP64=meta["FP64"], **loops,
+               K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=0, FP64=meta["FP64"], STAGES=CARRY_STAGES, UNROLL=1,
                num_warps=_matrix_warps(meta["BLOCK_K"]))  # fmt: skip
     else:
         chunks, chunk, carries = 1, max(steps, 1), h0
@@ -593,7 +610,7 @@ def angle_scan_bwd(
                steps, heads, cdiv(heads, sum_h), chunks, chunk, **meta, BLOCK_H=sum_h, BLOCK_C=sum_c, **flags,
                **loops, num_warps=sum_warps)  # fmt: skip
         launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks,
-               K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=1, FP64=meta["FP64"], **loops,
+               K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=1, FP64=meta["FP64"], STAGES=CARRY_STAGES, UNROLL=1,
                num_warps=_matrix_warps(meta["BLOCK_K"]))  # fmt: skip
         carry_in = 1
     else:
