@@ -9,8 +9,8 @@ forward or forward + backward:
 - affine: the chunked strategy with each ``--chunks`` length x ``--stages`` (``tl.range`` pipelining
   depth), and the sequential strategy;
 - angle: chunked with each ``--chunks`` x ``--stages`` x ``--unroll`` x ``--tile`` (state entries per
-  vector-path program) x ``--matrix-warps`` (warps of the chunk-summary programs; 0: the kernel's own), and
-  the sequential strategy.
+  vector-path program) x ``--summary-tiles`` (heads x columns x warps of a chunk-summary program, or "own":
+  the kernel's own), and the sequential strategy.
 
 Each result is checked against the call with the kernel's own plan (same inputs, same output gradient),
 then timed (``triton.testing.do_bench`` median, or CUDA graph replay with ``--graph``) and divided by the
@@ -78,25 +78,38 @@ def _floor_bytes(family: str, shape: Shape, mode: str, itemsize: int) -> int:
     return fwd if mode == "fwd" else fwd + bwd
 
 
-def _configs(args: argparse.Namespace, family: str) -> list[tuple[str, dict[str, int] | None]]:
+def _summary_tiles(text: str) -> list[tuple[int, int, int] | None]:
+    tiles: list[tuple[int, int, int] | None] = []
+    for item in text.split(","):
+        if item == "own":
+            tiles.append(None)
+            continue
+        parts = tuple(int(x) for x in item.lower().split("x")) if item.replace("x", "").isdigit() else ()
+        if len(parts) != 3 or min(parts) < 1:
+            raise argparse.ArgumentTypeError(f'a summary tile is HxCxW (positive) or "own", got {item!r}')
+        tiles.append((parts[0], parts[1], parts[2]))
+    return tiles
+
+
+def _configs(args: argparse.Namespace, family: str) -> list[tuple[str, dict[str, Any] | None]]:
     """(label, settings) of every configuration; settings None is the sequential strategy."""
-    grid: list[tuple[str, dict[str, int] | None]] = [("sequential", None)]
+    grid: list[tuple[str, dict[str, Any] | None]] = [("sequential", None)]
     if family == "affine":
         for chunk, stages in itertools.product(args.chunks, args.stages):
             grid.append((f"chunked c{chunk} s{stages}", {"chunk": chunk, "stages": stages}))
     else:
-        for chunk, stages, unroll, tile, warps in itertools.product(
-            args.chunks, args.stages, args.unroll, args.tile, args.matrix_warps
+        for chunk, stages, unroll, tile, summary in itertools.product(
+            args.chunks, args.stages, args.unroll, args.tile, args.summary_tiles
         ):
-            label = f"chunked c{chunk} s{stages} u{unroll} tile{tile}" + (f" w{warps}" if warps else "")
-            grid.append(
-                (label, {"chunk": chunk, "stages": stages, "unroll": unroll, "tile": tile, "warps": warps})
-            )
+            label = f"chunked c{chunk} s{stages} u{unroll} tile{tile}"
+            label += " sum" + "x".join(map(str, summary)) if summary else ""
+            settings = {"chunk": chunk, "stages": stages, "unroll": unroll, "tile": tile}
+            grid.append((label, {**settings, "summary": summary}))
     return grid[:1] + grid[-1:] if args.smoke else grid
 
 
 @contextlib.contextmanager
-def _forced(family: str, settings: dict[str, int] | None) -> Iterator[None]:
+def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
     """Every launch of ``family`` inside the block uses ``settings`` (None: the sequential strategy)."""
     if family == "affine":
         if settings is None:
@@ -115,20 +128,19 @@ def _forced(family: str, settings: dict[str, int] | None) -> Iterator[None]:
         with angle.force_strategy("sequential"):
             yield
         return
-    own_plan, own_warps = angle._plan, angle._matrix_warps
+    own_plan = angle._plan
 
     def plan(batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device) -> Any:
         block_h = min(next_pow2(heads), max(1, settings["tile"] // next_pow2(k)))
         chunk = min(settings["chunk"], max(1, steps))
-        return angle._Plan("chunked", chunk, block_h, settings["stages"], settings["unroll"])
+        summary = settings["summary"] or angle._summary_tile(heads, k, layers)
+        return angle._Plan("chunked", chunk, block_h, settings["stages"], settings["unroll"], summary)
 
     angle._plan = plan
-    if settings["warps"]:
-        angle._matrix_warps = lambda block_k: settings["warps"]
     try:
         yield
     finally:
-        angle._plan, angle._matrix_warps = own_plan, own_warps
+        angle._plan = own_plan
 
 
 def _own_plan(family: str, shape: Shape, device: torch.device) -> str:
@@ -142,7 +154,7 @@ def _own_plan(family: str, shape: Shape, device: torch.device) -> str:
     if p.strategy == "sequential":
         return f"sequential heads{p.block_h}"
     tile = p.block_h * next_pow2(k)
-    return f"chunked c{p.chunk} s{p.stages} u{p.unroll} tile{tile} w{angle._matrix_warps(next_pow2(k))}"
+    return f"chunked c{p.chunk} s{p.stages} u{p.unroll} tile{tile} sum{'x'.join(map(str, p.summary))}"
 
 
 class Sweep(Timer):
@@ -216,7 +228,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--unroll", type=_parse_ints, default=_parse_ints("1,4"), help="angle only")
     parser.add_argument("--tile", type=_parse_ints, default=_parse_ints("1,32,64"), help="angle only")
     parser.add_argument(
-        "--matrix-warps", type=_parse_ints, default=_parse_ints("0"), help="angle only; 0: the kernel's own"
+        "--summary-tiles",
+        type=_summary_tiles,
+        default=[None],
+        help='angle only: comma-separated HxCxW (heads x columns x warps) or "own"',
     )
     add_common_arguments(parser)
     args = parser.parse_args(argv)
