@@ -213,26 +213,29 @@ class TestInterpreted:
 
     def test_strategy_heuristic(self) -> None:
         cpu = torch.device("cpu")  # counts as 132 SMs
-        assert _strategy(8, 4096, 16, 16, cpu) == ("chunked", 64)
-        assert _strategy(8, 4096, 16, 64, cpu) == ("chunked", 64)
-        assert _strategy(8, 4096, 16, 66, cpu)[0] == "sequential"  # k > MAX_CHUNKED_K
-        assert _strategy(1, 1 << 16, 4, 16, cpu) == ("chunked", 256)  # isqrt(T): 256 chunks of 256
-        assert _strategy(132, 4096, 16, 16, cpu)[0] == "sequential"  # 16 rows per SM
-        assert _strategy(131, 4096, 16, 16, cpu)[0] == "chunked"
-        assert _strategy(1, 127, 4, 16, cpu)[0] == "sequential"  # shorter than two chunks
-        assert _strategy(1, 128, 4, 16, cpu) == ("chunked", 64)
+        assert _strategy(8, 4096, 16, 16, 2, cpu) == ("chunked", 64)
+        assert _strategy(8, 4096, 16, 32, 4, cpu) == ("chunked", 64)
+        assert _strategy(8, 4096, 16, 64, 1, cpu) == ("chunked", 64)
+        assert _strategy(8, 4096, 16, 64, 2, cpu)[0] == "sequential"  # k > 32 with R > 1
+        assert _strategy(8, 4096, 16, 66, 1, cpu)[0] == "sequential"  # k > MAX_CHUNKED_K
+        assert _strategy(1, 1 << 16, 4, 16, 1, cpu) == ("chunked", 256)  # isqrt(T): 256 chunks of 256
+        assert _strategy(132, 4096, 16, 16, 1, cpu)[0] == "sequential"  # 16 rows per SM
+        assert _strategy(131, 4096, 16, 16, 1, cpu)[0] == "chunked"
+        assert _strategy(1, 127, 4, 16, 1, cpu)[0] == "sequential"  # shorter than two chunks
+        assert _strategy(1, 128, 4, 16, 1, cpu) == ("chunked", 64)
 
     def test_plan(self) -> None:
         cpu = torch.device("cpu")
         # (strategy, chunk, vector-path heads, stages, unroll, (summary heads, columns, warps))
-        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 1, 4, (4, 8, 1))  # unrolled (R = 1)
-        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1))
-        assert _plan(8, 4096, 16, 32, 4, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1))  # k * R >= 128
-        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 1, 1, (2, 16, 1))
-        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 1, 1, (1, 16, 1))  # only one head
-        assert _plan(132, 4096, 16, 8, 1, cpu) == ("sequential", 4096, 4, 1, 1, (1, 1, 1))  # as written
+        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 3, 2, (4, 8, 1))  # k <= 16
+        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1))  # k * R < 64
+        assert _plan(8, 4096, 16, 32, 2, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1))
+        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 3, 2, (2, 16, 1))
+        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 3, 2, (1, 16, 1))  # only one head
+        assert _plan(8, 4096, 16, 64, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 64, 2))
+        assert _plan(8, 4096, 16, 64, 2, cpu) == ("sequential", 4096, 1, 3, 1, (1, 1, 1))  # pipelined
         with force_strategy("chunked"):
-            assert _strategy(64, 1 << 16, 16, 64, cpu)[0] == "chunked"
+            assert _strategy(64, 1 << 16, 16, 64, 4, cpu)[0] == "chunked"
         with pytest.raises(ValueError, match="strategy must be one of"), force_strategy("parallel"):
             pass
 

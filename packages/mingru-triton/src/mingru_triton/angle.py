@@ -115,15 +115,19 @@ def _summary_tile(heads: int, k: int, layers: int) -> tuple[int, int, int]:
     return 1, 64 if block_k == 64 and layers <= 1 else 32, block_k // 32
 
 
-def _strategy(batch: int, steps: int, heads: int, k: int, device: torch.device) -> tuple[str, int]:
+def _strategy(
+    batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device
+) -> tuple[str, int]:
     """(strategy, chunk length). A step waits on the one before it, so a program's time is its step count
     times a step's latency, and the GPU fills only with many programs per SM. Chunked, with chunks of
-    max(64, isqrt(T)) steps, unless the (batch, head) rows alone give >= 16 programs per SM, T < 2 chunks or
-    k > :data:`MAX_CHUNKED_K`.
+    max(64, isqrt(T)) steps, unless the (batch, head) rows alone give >= 16 programs per SM, T < 2 chunks,
+    k > :data:`MAX_CHUNKED_K`, or k > 32 with R > 1.
 
     Of chunks of 32, 64 and 128 steps, 64 was within 2% of the fastest for every k in {8, 16, 32, 64} and R in
-    {1, 2, 4} at (B, T, n) = (8, 4096, 16) on an H200, where the earlier rule (about four programs per SM,
-    chunked only for k <= 32) ran 1.2x-8.1x slower. The isqrt(T) floor keeps phase 2 (one step per chunk) no
+    {1, 2, 4} at (B, T, n) = (8, 4096, 16) on an H200. The chunk summaries do k times the work of the
+    vector path: at k = 64 and R in {2, 4} the (pipelined) sequential strategy ran 1.2x-1.8x faster there; at
+    k = 64, R = 1 it was 1.06x faster forward but 1.23x slower forward + backward, and at k <= 32 2.4x-11x
+    slower. The isqrt(T) floor keeps phase 2 (one step per chunk) no
     longer than a chunk.
     """
     rows = batch * heads
@@ -133,7 +137,8 @@ def _strategy(batch: int, steps: int, heads: int, k: int, device: torch.device) 
         return "chunked", max(1, min(chunk, cdiv(steps, 3))) if steps > 1 else 1
     if forced == "sequential":
         return "sequential", steps
-    if k <= MAX_CHUNKED_K and rows < 16 * num_sms(device) and steps >= 2 * chunk:
+    small = k <= 32 or (k <= MAX_CHUNKED_K and layers <= 1)
+    if small and rows < 16 * num_sms(device) and steps >= 2 * chunk:
         return "chunked", chunk
     return "sequential", steps
 
@@ -152,15 +157,18 @@ class _Plan(NamedTuple):
 
 
 def _plan(batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device) -> _Plan:
-    """The strategy with its tiles. The chunked strategy's vector path takes :data:`CHUNK_TILE` state entries
-    per program; its loops pipeline (3 stages) when k * R >= 128 and unroll by 4 when R = 1 and k <= 16. On
-    an H200 (the shapes of :func:`_strategy`) those were 1.03x-1.19x and 1.02x-1.06x faster there and up to
-    1.5x and 2.3x slower elsewhere. The sequential strategy keeps its loops as written."""
-    strategy, chunk = _strategy(batch, steps, heads, k, device)
+    """The strategy with its tiles and step loops. The chunked strategy's vector path takes
+    :data:`CHUNK_TILE` state entries per program; its loops pipeline (3 stages) for k <= 16 or k * R >= 64
+    and unroll by 2 for k <= 16. On an H200 (the shapes of :func:`_strategy`) that ran 1.0x-1.6x faster
+    than without for k <= 16 and 1.1x faster for k = 32, R = 2, but 1.25x slower for k = 32, R = 1 (so not
+    there). The sequential strategy pipelines its loop (3 stages: 2.4x-3.4x faster than without at those
+    shapes)."""
+    strategy, chunk = _strategy(batch, steps, heads, k, layers, device)
     if strategy == "sequential":
-        return _Plan(strategy, chunk, _block_heads(batch, heads, k, num_sms(device)), 1, 1)
-    stages = 3 if k * layers >= 128 else 1
-    unroll = 4 if layers == 1 and k <= 16 else 1
+        return _Plan(strategy, chunk, _block_heads(batch, heads, k, num_sms(device)), 3, 1)
+    small = next_pow2(k) <= 16
+    stages = 3 if small or k * layers >= 64 else 1
+    unroll = 2 if small else 1
     block_h = min(next_pow2(heads), max(1, CHUNK_TILE // next_pow2(k)))
     return _Plan(strategy, chunk, block_h, stages, unroll, _summary_tile(heads, k, layers))
 
