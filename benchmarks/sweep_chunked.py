@@ -130,7 +130,9 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
         return
     own_plan = angle._plan
 
-    def plan(batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device) -> Any:
+    def plan(
+        batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, itemsize: int = 4
+    ) -> Any:
         block_h = min(next_pow2(heads), max(1, settings["tile"] // next_pow2(k)))
         chunk = min(settings["chunk"], max(1, steps))
         summary = settings["summary"] or angle._summary_tile(heads, k, layers)

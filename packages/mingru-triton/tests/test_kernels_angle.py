@@ -217,6 +217,7 @@ class TestInterpreted:
         assert _strategy(8, 4096, 16, 32, 4, cpu) == ("chunked", 64)
         assert _strategy(8, 4096, 16, 64, 1, cpu) == ("chunked", 64)
         assert _strategy(8, 4096, 16, 64, 2, cpu)[0] == "sequential"  # k > 32 with R > 1
+        assert _strategy(8, 4096, 16, 64, 2, cpu, 2) == ("chunked", 64)  # 2-byte inputs
         assert _strategy(8, 4096, 16, 66, 1, cpu)[0] == "sequential"  # k > MAX_CHUNKED_K
         assert _strategy(1, 1 << 16, 4, 16, 1, cpu) == ("chunked", 256)  # isqrt(T): 256 chunks of 256
         assert _strategy(132, 4096, 16, 16, 1, cpu)[0] == "sequential"  # 16 rows per SM

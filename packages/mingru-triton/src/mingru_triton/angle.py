@@ -116,19 +116,20 @@ def _summary_tile(heads: int, k: int, layers: int) -> tuple[int, int, int]:
 
 
 def _strategy(
-    batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device
+    batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, itemsize: int = 4
 ) -> tuple[str, int]:
     """(strategy, chunk length). A step waits on the one before it, so a program's time is its step count
     times a step's latency, and the GPU fills only with many programs per SM. Chunked, with chunks of
     max(64, isqrt(T)) steps, unless the (batch, head) rows alone give >= 16 programs per SM, T < 2 chunks,
-    k > :data:`MAX_CHUNKED_K`, or k > 32 with R > 1.
+    k > :data:`MAX_CHUNKED_K`, or k > 32 with R > 1 and inputs of 4 or more bytes (``itemsize``).
 
     Of chunks of 32, 64 and 128 steps, 64 was within 2% of the fastest for every k in {8, 16, 32, 64} and R in
     {1, 2, 4} at (B, T, n) = (8, 4096, 16) on an H200. The chunk summaries do k times the work of the
     vector path: at k = 64 and R in {2, 4} the (pipelined) sequential strategy ran 1.2x-1.8x faster there; at
     k = 64, R = 1 it was 1.06x faster forward but 1.23x slower forward + backward, and at k <= 32 2.4x-11x
-    slower. The isqrt(T) floor keeps phase 2 (one step per chunk) no
-    longer than a chunk.
+    slower. Its pipelining needs asynchronous copies, which 2-byte loads do not get: in bfloat16 at k = 64 it
+    ran 1.4x-1.7x slower than chunked, so 2-byte inputs stay chunked. The isqrt(T) floor keeps phase 2 (one
+    step per chunk) no longer than a chunk.
     """
     rows = batch * heads
     chunk = max(64, math.isqrt(steps))
@@ -137,7 +138,7 @@ def _strategy(
         return "chunked", max(1, min(chunk, cdiv(steps, 3))) if steps > 1 else 1
     if forced == "sequential":
         return "sequential", steps
-    small = k <= 32 or (k <= MAX_CHUNKED_K and layers <= 1)
+    small = k <= 32 or (k <= MAX_CHUNKED_K and (layers <= 1 or itemsize < 4))
     if small and rows < 16 * num_sms(device) and steps >= 2 * chunk:
         return "chunked", chunk
     return "sequential", steps
@@ -156,14 +157,16 @@ class _Plan(NamedTuple):
     """(heads, columns, warps) of a chunk-summary program (:func:`_summary_tile`)."""
 
 
-def _plan(batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device) -> _Plan:
+def _plan(
+    batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, itemsize: int = 4
+) -> _Plan:
     """The strategy with its tiles and step loops. The chunked strategy's vector path takes
     :data:`CHUNK_TILE` state entries per program; its loops pipeline (3 stages) for k <= 16 or k * R >= 64
     and unroll by 2 for k <= 16. On an H200 (the shapes of :func:`_strategy`) that ran 1.0x-1.6x faster
     than without for k <= 16 and 1.1x faster for k = 32, R = 2, but 1.25x slower for k = 32, R = 1 (so not
     there). The sequential strategy pipelines its loop (3 stages: 2.4x-3.4x faster than without at those
     shapes)."""
-    strategy, chunk = _strategy(batch, steps, heads, k, layers, device)
+    strategy, chunk = _strategy(batch, steps, heads, k, layers, device, itemsize)
     if strategy == "sequential":
         return _Plan(strategy, chunk, _block_heads(batch, heads, k, num_sms(device)), 3, 1)
     small = next_pow2(k) <= 16
@@ -540,7 +543,7 @@ def angle_scan_fwd(
     meta = _meta(b, perm.shape[0])
     flags = {"HAS_SCALE": int(bool(has_scale)), "HAS_DECAY": int(bool(has_decay))}
     out = torch.empty_like(b)
-    plan = _plan(batch, steps, heads, k, meta["R"], b.device)
+    plan = _plan(batch, steps, heads, k, meta["R"], b.device, b.element_size())
     loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
     if plan.strategy == "chunked":
         chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
@@ -605,7 +608,7 @@ def angle_scan_bwd(
     dgamma = torch.zeros_like(gamma)
     db = torch.empty_like(out)
     dh0 = torch.empty_like(h0)
-    plan = _plan(batch, steps, heads, k, meta["R"], b.device)
+    plan = _plan(batch, steps, heads, k, meta["R"], b.device, b.element_size())
     loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
     if plan.strategy == "chunked":
         chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
