@@ -182,6 +182,7 @@ def _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lanes, K: tl.constexpr, R: tl.const
     p2p[r], the sign sgn[r] and the side (-1 where the lane is the pair's first entry, else +1). Loaded once
     before a step loop: inside a loop that stores, the compiler reloads them every step."""
     kmask = lanes < K
+    # tuples grow by concatenation: triton has no starred expressions
     partners = ()
     angles = ()
     signs = ()
@@ -189,10 +190,13 @@ def _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lanes, K: tl.constexpr, R: tl.const
     for r in tl.static_range(R):
         partner = tl.load(perm_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
         partner = tl.where(kmask, partner, lanes)
-        partners = partners + (partner,)  # noqa: RUF005 (triton has no starred tuples)
-        angles = angles + (tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32),)  # noqa: RUF005
-        signs = signs + (tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT),)  # noqa: RUF005
-        sides = sides + (tl.where(lanes < partner, -1.0, 1.0).to(WT),)  # noqa: RUF005
+        angle = tl.load(p2p_ptr + r * K + lanes, mask=kmask, other=0).to(tl.int32)
+        sign = tl.load(sgn_ptr + r * K + lanes, mask=kmask, other=1.0).to(WT)
+        side = tl.where(lanes < partner, -1.0, 1.0).to(WT)
+        partners = partners + (partner,)  # type: ignore[assignment]  # noqa: RUF005
+        angles = angles + (angle,)  # type: ignore[assignment]  # noqa: RUF005
+        signs = signs + (sign,)  # type: ignore[assignment]  # noqa: RUF005
+        sides = sides + (side,)  # type: ignore[assignment]  # noqa: RUF005
     return partners, angles, signs, sides
 
 
@@ -292,8 +296,8 @@ def _bwd_kernel(
             th = tl.load(theta_ptr + theta_base + r * HALF + angles[r][None, :], mask=tmask, other=0.0)
             cs = tl.cos(th.to(WT))
             sn = tl.sin(th.to(WT))
-            cosines = cosines + (cs,)  # noqa: RUF005 (triton has no starred tuples)
-            sines = sines + (sn,)  # noqa: RUF005
+            cosines = cosines + (cs,)  # type: ignore[assignment]  # noqa: RUF005
+            sines = sines + (sn,)  # type: ignore[assignment]  # noqa: RUF005
             xs = x * signs[r][None, :]
             idx = tl.broadcast_to(partners[r][None, :], (BLOCK_H, BLOCK_K))
             x = cs * xs + sides[r][None, :] * sn * tl.gather(xs, idx, 1)
