@@ -344,6 +344,43 @@ def _bwd_kernel(
 
 
 @triton.jit
+def _summary_start(
+    n, n_hblocks, NC,
+    K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """Where a chunk-summary program sits and how it starts: (chunk c, batch bi, column block cb, its rows,
+    each row's lane and head, its columns, the live rows) and the identity's columns with a zero end state.
+    Programs run over (batch, head block, column block, chunk), the chunk fastest."""
+    pid = tl.program_id(0).to(tl.int64)
+    c = pid % NC
+    rest = pid // NC
+    cb = rest % (BLOCK_K // BLOCK_C)
+    rest = rest // (BLOCK_K // BLOCK_C)
+    hb = rest % n_hblocks
+    bi = rest // n_hblocks
+    rows = tl.arange(0, BLOCK_H * BLOCK_K)
+    lane = rows % BLOCK_K
+    head = hb * BLOCK_H + rows // BLOCK_K
+    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    rmask = (lane < K) & (head < n)
+    mat = ((lane[:, None] == cols[None, :]).to(tl.float32)).to(WT)
+    end = tl.zeros((BLOCK_H * BLOCK_K, 1), dtype=tl.float32).to(WT)
+    return c, bi, cb, rows, lane, head, cols, rmask, mat, end
+
+
+@triton.jit
+def _store_summary(
+    mat_ptr, end_ptr, mat, end, bi, c, cb, n, NC, rows, lane, head, cols, rmask, K: tl.constexpr
+):
+    """Writes a program's rows of the summaries mat (B, n, NC, k, k) and, from column block 0, of the end
+    states end (B, n, NC, k)."""
+    summary = (bi * n + head) * NC + c
+    tl.store(mat_ptr + (summary * K * K + lane * K)[:, None] + cols[None, :], mat,
+             mask=rmask[:, None] & (cols < K)[None, :])  # fmt: skip
+    tl.store(end_ptr + (summary * K + lane)[:, None], end, mask=(rmask & (rows * 0 + cb == 0))[:, None])
+
+
+@triton.jit
 def _fwd_summary_kernel(
     theta_ptr, scale_ptr, gamma_ptr, b_ptr, perm_ptr, sgn_ptr, p2p_ptr, mat_ptr, end_ptr,
     T, n, n_hblocks, NC, CHUNK,
@@ -355,22 +392,11 @@ def _fwd_summary_kernel(
     left, the layers applied to the columns of the identity) and the zero-start end state e.
     A program holds BLOCK_H heads' matrices stacked as (BLOCK_H * BLOCK_K, BLOCK_K) rows, so that each row's
     cos / sin serves a whole row. mat (B, n, NC, k, k), end (B, n, NC, k)."""
-    pid = tl.program_id(0).to(tl.int64)
-    c = pid % NC
-    rest = pid // NC
-    cb = rest % (BLOCK_K // BLOCK_C)
-    rest = rest // (BLOCK_K // BLOCK_C)
-    hb = rest % n_hblocks
-    bi = rest // n_hblocks
     ROWS: tl.constexpr = BLOCK_H * BLOCK_K
-    rows = tl.arange(0, ROWS)
-    lane = rows % BLOCK_K
-    head = hb * BLOCK_H + rows // BLOCK_K
-    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
-    rmask = (lane < K) & (head < n)
-    mat = ((lane[:, None] == cols[None, :]).to(tl.float32)).to(WT)
-    end = tl.zeros((ROWS, 1), dtype=tl.float32).to(WT)
+    c, bi, cb, rows, lane, head, cols, rmask, mat, end = _summary_start(
+        n, n_hblocks, NC, K, BLOCK_H, BLOCK_K, BLOCK_C, WT
+    )
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
         t = c * CHUNK + s
         live = rmask & (rows * 0 + t < T)
@@ -401,10 +427,7 @@ def _fwd_summary_kernel(
             mat = mat * factor[:, None]
             end = end * factor[:, None]
         end = end + tl.load(b_ptr + row * K + lane, mask=live, other=0.0).to(WT)[:, None]
-    summary = (bi * n + head) * NC + c
-    tl.store(mat_ptr + (summary * K * K + lane * K)[:, None] + cols[None, :], mat,
-             mask=rmask[:, None] & (cols < K)[None, :])  # fmt: skip
-    tl.store(end_ptr + (summary * K + lane)[:, None], end, mask=(rmask & (rows * 0 + cb == 0))[:, None])
+    _store_summary(mat_ptr, end_ptr, mat, end, bi, c, cb, n, NC, rows, lane, head, cols, rmask, K)
 
 
 @triton.jit
@@ -418,22 +441,11 @@ def _bwd_summary_kernel(
     """Chunked backward phase 1: per (batch, head, chunk) N = A_{t0}^T ... A_{t1-1}^T (A_t = c_t L_t) and
     the adjoint carry z leaving the chunk when none enters it; BLOCK_H heads per program as in the forward.
     mat (B, n, NC, k, k), end (B, n, NC, k)."""
-    pid = tl.program_id(0).to(tl.int64)
-    c = pid % NC
-    rest = pid // NC
-    cb = rest % (BLOCK_K // BLOCK_C)
-    rest = rest // (BLOCK_K // BLOCK_C)
-    hb = rest % n_hblocks
-    bi = rest // n_hblocks
     ROWS: tl.constexpr = BLOCK_H * BLOCK_K
-    rows = tl.arange(0, ROWS)
-    lane = rows % BLOCK_K
-    head = hb * BLOCK_H + rows // BLOCK_K
-    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
-    rmask = (lane < K) & (head < n)
-    mat = ((lane[:, None] == cols[None, :]).to(tl.float32)).to(WT)
-    end = tl.zeros((ROWS, 1), dtype=tl.float32).to(WT)
+    c, bi, cb, rows, lane, head, cols, rmask, mat, end = _summary_start(
+        n, n_hblocks, NC, K, BLOCK_H, BLOCK_K, BLOCK_C, WT
+    )
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
         t = c * CHUNK + CHUNK - 1 - s
         live = rmask & (rows * 0 + t < T)
@@ -464,10 +476,7 @@ def _bwd_summary_kernel(
             pick = tl.broadcast_to(src[:, None], (ROWS, BLOCK_C))
             mat = cs[:, None] * mat + ssn[:, None] * tl.gather(mat, pick, 0)
             end = cs[:, None] * end + ssn[:, None] * tl.gather(end, src[:, None], 0)
-    summary = (bi * n + head) * NC + c
-    tl.store(mat_ptr + (summary * K * K + lane * K)[:, None] + cols[None, :], mat,
-             mask=rmask[:, None] & (cols < K)[None, :])  # fmt: skip
-    tl.store(end_ptr + (summary * K + lane)[:, None], end, mask=(rmask & (rows * 0 + cb == 0))[:, None])
+    _store_summary(mat_ptr, end_ptr, mat, end, bi, c, cb, n, NC, rows, lane, head, cols, rmask, K)
 
 
 @triton.jit
