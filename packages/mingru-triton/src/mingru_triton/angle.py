@@ -381,6 +381,16 @@ def _store_summary(
 
 
 @triton.jit
+def _rotate_rows(mat, end, cs, ssn, src, ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One rotation layer on a summary program's rows: row i becomes cs_i row_i + ssn_i row_src[i] (the
+    matrix's columns and the end state alike)."""
+    pick = tl.broadcast_to(src[:, None], (ROWS, BLOCK_C))
+    mat = cs[:, None] * mat + ssn[:, None] * tl.gather(mat, pick, 0)
+    end = cs[:, None] * end + ssn[:, None] * tl.gather(end, src[:, None], 0)
+    return mat, end
+
+
+@triton.jit
 def _fwd_summary_kernel(
     theta_ptr, scale_ptr, gamma_ptr, b_ptr, perm_ptr, sgn_ptr, p2p_ptr, mat_ptr, end_ptr,
     T, n, n_hblocks, NC, CHUNK,
@@ -419,10 +429,7 @@ def _fwd_summary_kernel(
             if r == R - 1:
                 cs = cs * factor
                 ssn = ssn * factor
-            src = rows - lane + partner
-            pick = tl.broadcast_to(src[:, None], (ROWS, BLOCK_C))
-            mat = cs[:, None] * mat + ssn[:, None] * tl.gather(mat, pick, 0)
-            end = cs[:, None] * end + ssn[:, None] * tl.gather(end, src[:, None], 0)
+            mat, end = _rotate_rows(mat, end, cs, ssn, rows - lane + partner, ROWS, BLOCK_C)
         if R == 0:
             mat = mat * factor[:, None]
             end = end * factor[:, None]
@@ -472,10 +479,7 @@ def _bwd_summary_kernel(
             if q == 0:
                 cs = cs * factor
                 ssn = ssn * factor
-            src = rows - lane + partner
-            pick = tl.broadcast_to(src[:, None], (ROWS, BLOCK_C))
-            mat = cs[:, None] * mat + ssn[:, None] * tl.gather(mat, pick, 0)
-            end = cs[:, None] * end + ssn[:, None] * tl.gather(end, src[:, None], 0)
+            mat, end = _rotate_rows(mat, end, cs, ssn, rows - lane + partner, ROWS, BLOCK_C)
     _store_summary(mat_ptr, end_ptr, mat, end, bi, c, cb, n, NC, rows, lane, head, cols, rmask, K)
 
 
