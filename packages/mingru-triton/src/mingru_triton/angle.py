@@ -6,7 +6,8 @@ L_t = L_{R-1} ... L_0, layer r: x~ = sgn[r] * x, y_i = cos x~_i - sin x~_j (i < 
 y_i = sin x~_j + cos x~_i (i > j), angle theta[..., r, p2p[r, i]]. The layers are applied in registers
 (partner entries through ``tl.gather``); carries are float32 (float64 for float64 inputs).
 
-Two strategies, chosen by :func:`_strategy` from the shapes (tests force one with :func:`force_strategy`):
+Two strategies, chosen by :func:`_strategy` from the shapes and the input's element size (tests force one
+with :func:`force_strategy`):
 
 - ``"sequential"``: one program per (batch, block of heads) walks all of T with the state in registers.
 - ``"chunked"``: T is cut into chunks. Phase 1 composes each chunk's transition c_t L_t into a k x k matrix
@@ -42,7 +43,8 @@ MAX_CHUNKED_K = 64
 STRATEGIES = ("sequential", "chunked")
 _FORCED: list[str] = []
 CARRY_STAGES = 3
-"""``tl.range`` pipelining depth of the chunk-carry loop: its summary loads do not wait on the carry."""
+"""``tl.range`` pipelining depth of the chunk-carry loop: its summary loads do not wait on the carry. On an
+H200 the angle kernel ran 1.0x-1.1x faster than with 1 stage ((8, 4096, 16, k, R), k <= 64, R <= 4)."""
 CHUNK_TILE = 32
 """State entries per vector-path program of the chunked strategy (whole heads; one head when k >= 32). On an
 H200, 32 ran 1.2x-1.4x (k = 8) and 1.1x-1.2x (k = 16) faster than one head per program."""
