@@ -140,8 +140,8 @@ def _strategy(
         return "chunked", max(1, min(chunk, cdiv(steps, 3))) if steps > 1 else 1
     if forced == "sequential":
         return "sequential", steps
-    small = k <= 32 or (k <= MAX_CHUNKED_K and (layers <= 1 or itemsize < 4))
-    if small and rows < 16 * num_sms(device) and steps >= 2 * chunk:
+    chunkable = k <= 32 or (k <= MAX_CHUNKED_K and (layers <= 1 or itemsize < 4))
+    if chunkable and rows < 16 * num_sms(device) and steps >= 2 * chunk:
         return "chunked", chunk
     return "sequential", steps
 
@@ -321,6 +321,7 @@ def _bwd_kernel(
         u = lam * factor[:, None]
         for q in tl.static_range(R):
             r = R - 1 - q
+            # tuples take constant indices: ``r``, assigned inside the step loop, is not one to triton
             partner = partners[R - 1 - q]
             angle = angles[R - 1 - q]
             sign = signs[R - 1 - q]
