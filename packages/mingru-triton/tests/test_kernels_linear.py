@@ -22,8 +22,9 @@ STRATEGIES = linear.STRATEGIES
 @contextlib.contextmanager
 def strategy(name: str, length: int = 32) -> Iterator[None]:
     """Force ``name``; chunked rows of ``length`` steps get chunks that end mid-tile and span tiles, and
-    the single-pass kernel gets short tiles, so a row spans many tiles and the last one is partial."""
-    if name == "lookback":
+    the single-pass kernel and the pipelined walk get short tiles, so a row spans many tiles and the last
+    one is partial."""
+    if name in ("lookback", "pipelined"):
         with linear.force_strategy(name, None, 4 if length < 100 else 16):
             yield
         return
@@ -225,6 +226,28 @@ def test_lookback_combines_summaries(every: int) -> None:
         pass
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@marked(on_interpreter)
+def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
+    """The pipelined walk with the heuristic's own tiles (no forced steps): forward 64 channels (the
+    second block mostly masked) x 32 steps with two channels per thread and the carry folded into a tile's
+    first step, backward 64 (or 32 for 2-byte types) channels x 64 steps, float32 with the carry folded;
+    seven tiles per row (four backward), the last partial."""
+    shape = (1, 200, 80)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    with linear.force_strategy("pipelined"):
+        fwd = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, single_pass=True, pipelined=True)
+        bwd = linear.scan_plan(
+            *shape, 1, itemsize, max_block_t=64, single_pass=True, pipelined=True, backward=True
+        )
+        assert (fwd.strategy, fwd.block_j, fwd.block_t, fwd.num_warps, fwd.num_stages, fwd.columns) == (
+            "pipelined", 64, 32, 1, 4, 2)  # fmt: skip
+        wide, columns = (32 if itemsize == 2 else 64), (4 if itemsize == 4 else 0)
+        assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages, bwd.columns) == (
+            "pipelined", wide, 64, 3, columns)  # fmt: skip
+        _check_recurrence(shape, dtype)
+
+
 @pytest.mark.parametrize(
     ("dtype", "tile"),
     [(torch.float32, (32, 64, 4)), (torch.bfloat16, (32, 64, 4)), (torch.float64, (64, 16, 1))],
@@ -331,11 +354,64 @@ def test_strategy_heuristic() -> None:
     assert diag.block_t * diag.block_j * diag.block_v <= 4096
 
 
+def test_pipelined_heuristic() -> None:
+    """The pipelined walk, for the callers that can run it (the k = 1 recurrence and its adjoint, not the
+    log scan's single pass): from 7/8 of the SMs' worth of 64-channel chains, T >= 1024, 2- and 4-byte
+    types; (channels, steps, warps, stages, channels per thread) per direction."""
+
+    def walk(rows: int, length: int, dj: int, itemsize: int, backward: bool = False, sms: int = 132) -> tuple:
+        plan = linear.scan_plan(
+            rows, length, dj, 1, itemsize, sms, single_pass=True, pipelined=True, backward=backward
+        )
+        if plan.strategy != "pipelined":
+            return (plan.strategy,)
+        assert (plan.num_chunks, plan.chunk, plan.num_jblocks) == (1, length, -(-dj // plan.block_j))
+        return plan.strategy, plan.block_j, plan.block_t, plan.num_warps, plan.num_stages, plan.columns
+
+    for itemsize in (4, 2):
+        assert walk(8, 4096, 1024, itemsize) == ("pipelined", 64, 32, 1, 4, 2)  # 128 chains for 132 SMs
+        assert walk(8, 1024, 1024, itemsize)[0] == "pipelined"
+    assert walk(8, 4096, 1024, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 4)
+    assert walk(8, 4096, 1024, 2, backward=True) == ("pipelined", 32, 128, 4, 3, 0)  # 256 chains of 32 <= 264
+    assert walk(16, 4096, 1024, 2, backward=True) == ("pipelined", 64, 64, 4, 3, 0)  # 512 > 264
+    assert walk(8, 2048, 1030, 2, backward=True)[1] == 32  # 8 x 33 = 264 chains of 32 channels
+    assert walk(8, 2048, 1060, 2, backward=True)[1] == 64  # 8 x 34 = 272
+    assert walk(116, 4096, 64, 4) == ("pipelined", 64, 32, 1, 4, 2)  # 116 >= 7/8 of 132 = 115.5
+    assert walk(115, 4096, 64, 4) == ("lookback",)
+    assert walk(128, 4096, 16, 4)[1] == 16  # block_j <= next_pow2(D)
+    assert walk(4, 4096, 1024, 4) == ("lookback",)  # 64 chains: half the SMs
+    assert walk(4, 4096, 1024, 4, sms=64)[0] == "pipelined"
+    assert walk(8, 1023, 1024, 4) == ("sequential",)  # short T
+    assert walk(8, 4096, 1024, 8) == ("lookback",)  # float64: not timed
+    assert (
+        linear.scan_plan(8, 4096, 1024, 4, 4, single_pass=True, pipelined=True).strategy == "sequential"
+    )  # v > 1
+    assert linear.scan_plan(8, 4096, 1024, 1, 4, single_pass=True).strategy == "lookback"  # the log scan
+    assert linear.scan_plan(8, 4096, 1024, 1, 4, pipelined=True).strategy == "sequential"  # running product
+    with linear.force_strategy("pipelined"):
+        assert linear.scan_plan(8, 4096, 1024, 1, 4, pipelined=True).strategy == "sequential"
+        assert walk(1, 8, 3, 8)[:3] == ("pipelined", 4, 32)
+    with linear.force_strategy("pipelined", None, 8):
+        assert walk(8, 4096, 1024, 4)[2] == 8
+    assert (
+        linear.scan_plan(8, 4096, 1024, 1, 4, max_block_t=16, single_pass=True, pipelined=True).block_t == 16
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------
 # CUDA (real sizes)
 # ---------------------------------------------------------------------------------------------------------
 
-CUDA_SHAPES = [(8, 4096, 512), (4, 5000, 1030), (2, 1 << 16, 257), (1, 1 << 20, 16), (1, 100_003, 64)]
+CUDA_SHAPES = [
+    (8, 4096, 512),
+    (4, 5000, 1030),
+    (8, 2048, 1030),
+    (2, 1 << 16, 257),
+    (1, 1 << 20, 16),
+    (1, 100_003, 64),
+]
+"""(8, 2048, 1030) runs the pipelined walk (136 chains of 64 channels, the last mostly masked; bfloat16's
+adjoint on 32-channel tiles), the others the single pass or the sequential and chunked plans."""
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -371,6 +447,11 @@ def test_cuda_lookback_is_repeatable() -> None:
     many in-flight tiles (gates near 1, so carries matter) give the same bits, forward and backward."""
     shape = (8, 16384, 1024)
     assert linear.scan_plan(8, 16384, 1024, 1, 4, single_pass=True).strategy == "lookback"
+    with linear.force_strategy("lookback"):
+        _repeat_recurrence(shape)
+
+
+def _repeat_recurrence(shape: tuple[int, int, int]) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = 1 - 1e-3 * torch.rand(shape, device="cuda", generator=gen)
     b = torch.randn(shape, device="cuda", generator=gen)
@@ -385,6 +466,19 @@ def test_cuda_lookback_is_repeatable() -> None:
         else:
             for x, y in zip(first, run, strict=True):
                 assert torch.equal(x, y)
+
+
+@marked(on_cuda)
+def test_cuda_pipelined_plan() -> None:
+    """The layers' shape (8, 4096, 1024) takes the pipelined walk in both directions on an H200-sized GPU,
+    and the walk's results are the same bits over repeated calls."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if linear.PIPELINED_MIN_FILL * sms > 8 * 16:
+        pytest.skip(f"{sms} SMs: 128 chains are too few for the pipelined walk on this GPU")
+    for backward in (False, True):
+        plan = linear.scan_plan(8, 4096, 1024, 1, 4, sms, single_pass=True, pipelined=True, backward=backward)
+        assert plan.strategy == "pipelined"
+    _repeat_recurrence((8, 4096, 1024))
 
 
 @marked(on_cuda)
