@@ -1,13 +1,14 @@
 """Kernel time of each k = 1 strategy: the layers' recurrence and its adjoint, called directly (no autograd).
 
 For each shape and dtype, ``linear_recurrence_fwd`` and ``linear_recurrence_bwd`` are timed with every
-strategy forced (``lookback``, ``sequential``, ``chunked``) and with the heuristic's own choice ("plan"):
-the median of ``triton.testing.do_bench``, and "x floor", that time over the time a device copy of the
-bytes the op must move takes (forward: read a, b, write h; backward: read a, h, dh, write da, db), measured
-in the same run. accelerated-scan, when installed, is timed on its (B, D, T) layout, forward and
-forward+backward through autograd. Before timing, the single-pass kernel is checked against the sequential
-one (relative difference) and against itself over repeated calls (bitwise). ``--smoke`` runs a tiny shape on
-the CPU under the Triton interpreter: the checks run, the times mean nothing.
+strategy forced (``pipelined``, ``lookback``, ``sequential``, ``chunked``) and with the heuristic's own
+choice ("plan"): the median of ``triton.testing.do_bench``, and "x floor", that time over the time a device
+copy of the bytes the op must move takes (forward: read a, b, write h; backward: read a, h, dh, write da,
+db), measured in the same run. accelerated-scan, when installed, is timed on its (B, D, T) layout, forward
+and forward+backward through autograd. Before timing, the single-pass kernel and the pipelined walk are
+checked against the sequential one (relative difference) and against themselves over repeated calls
+(bitwise). ``--smoke`` runs a tiny shape on the CPU under the Triton interpreter: the checks run, the times
+mean nothing.
 
     python benchmarks/strategies.py                                 # on a CUDA machine
     python benchmarks/strategies.py --shapes 8x16384x1024 --dtypes float32
@@ -52,21 +53,27 @@ def timer(cuda: bool, rep: int) -> Callable[[Callable[[], Any]], float]:
 
 
 def check(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, grad: torch.Tensor) -> str:
-    """The single-pass kernel against the sequential one, and against itself over three calls."""
+    """The single-pass kernel and the pipelined walk against the sequential one, and each against itself
+    over three calls."""
     with linear.force_strategy("sequential"):
         h = linear.linear_recurrence_fwd(a, b, h0)
         want = (h, *linear.linear_recurrence_bwd(a, h0, h, grad))
-    runs = []
-    with linear.force_strategy("lookback"):
-        for _ in range(3):
-            got = linear.linear_recurrence_fwd(a, b, h0)
-            runs.append((got, *linear.linear_recurrence_bwd(a, h0, h, grad)))
-    diff = max(
-        ((x.double() - y.double()).abs().max() / y.double().abs().max().clamp_min(1e-30)).item()
-        for x, y in zip(runs[0], want, strict=True)
-    )
-    same = all(torch.equal(x, y) for other in runs[1:] for x, y in zip(runs[0], other, strict=True))
-    return f"lookback vs sequential: max relative difference {diff:.1e}; repeated calls bitwise equal: {same}"
+    notes = []
+    for name in ("lookback", "pipelined"):
+        runs = []
+        with linear.force_strategy(name):
+            for _ in range(3):
+                got = linear.linear_recurrence_fwd(a, b, h0)
+                runs.append((got, *linear.linear_recurrence_bwd(a, h0, h, grad)))
+        diff = max(
+            ((x.double() - y.double()).abs().max() / y.double().abs().max().clamp_min(1e-30)).item()
+            for x, y in zip(runs[0], want, strict=True)
+        )
+        same = all(torch.equal(x, y) for other in runs[1:] for x, y in zip(runs[0], other, strict=True))
+        notes.append(
+            f"{name} vs sequential: max relative difference {diff:.1e}; repeated calls bitwise equal: {same}"
+        )
+    return "; ".join(notes)
 
 
 def rows(shape: tuple[int, int, int], dtype: torch.dtype, args: argparse.Namespace, cuda: bool) -> list[str]:
@@ -80,7 +87,7 @@ def rows(shape: tuple[int, int, int], dtype: torch.dtype, args: argparse.Namespa
     ms = timer(cuda, args.rep)
     # forward: read a, b, write h; backward: read a, h, dh, write da, db
     floors = [run.copy_ms(streams * a.numel() * a.element_size(), device, ms) for streams in (3, 5)]
-    plan = linear._plan_for(a, 1, single_pass=True).strategy
+    plan = linear._plan_for(a, 1, single_pass=True, pipelined=True).strategy
     label = f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}"
     out = [f"{label}: plan {plan}; {check(a, b, h0, grad)}"]
     h = linear.linear_recurrence_fwd(a, b, h0)
