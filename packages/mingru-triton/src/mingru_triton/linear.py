@@ -436,7 +436,7 @@ def _pipelined_kernel(
     (``tl.range``'s software pipeline: asynchronous copies to shared memory on sm_80 and later), so one
     program streams its chain at the memory's pace; only the carry, BLOCK_J states, passes from tile to tile.
     COLUMNS > 0 asks for at most that many contiguous channels per thread (a hint on the addresses; on one
-    warp with BLOCK_J = 32 COLUMNS every channel's steps then sit in one thread) and folds the carry into
+    warp with BLOCK_J = 32 x COLUMNS every channel's steps then sit in one thread) and folds the carry into
     the tile's first step instead of applying it to every step after the scan (in one thread the scan then
     needs no coefficient products). The flags are those of :func:`_lookback_kernel` (walk direction,
     SHIFT, da, d(init)). Inputs contiguous (R, L, DJ).
@@ -521,9 +521,9 @@ chain has 4x fewer tiles to walk back over."""
 PIPELINED_MIN_FILL = 7 / 8
 """The pipelined walk runs (T >= :data:`LOOKBACK_MIN_LENGTH`, float32/bfloat16/float16) when rows x
 64-channel blocks number at least this fraction of the SMs: one program per chain must keep an SM busy.
-H200, GPU time, forward / backward against the single-pass kernel: (8, 4096, 1024) (128 programs for 132
-SMs) float32 0.106 / 0.175 ms against 0.131 / 0.198, bfloat16 0.086 / 0.125 against 0.116 / 0.139;
-(4, 4096, 1024) (64 programs) float32 0.083 against 0.073 ms forward, so half the SMs are too few."""
+H200, GPU time of the forward against the single-pass kernel: (8, 4096, 1024) (128 programs for 132 SMs)
+float32 0.106 against 0.131 ms, bfloat16 0.086 against 0.116 ms; (4, 4096, 1024) (64 programs) float32
+0.083 against 0.073 ms, bfloat16 0.085 against 0.069 ms, so half the SMs are too few."""
 
 
 class ScanPlan(NamedTuple):
