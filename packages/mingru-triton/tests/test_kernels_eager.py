@@ -138,12 +138,21 @@ def test_fast_path_is_off_for_subclasses_and_inside_functorch() -> None:
     assert seen == [False]
 
 
-def test_fake_cuda_inputs_take_the_op() -> None:
-    """Under fake tensors the path is the op; its launch goes through ``wrap_triton`` and launches nothing."""
+@pytest.mark.parametrize(
+    ("shape", "strategy"), [((2, 4096, 256), "lookback"), ((8, 4096, 1024), "pipelined")]
+)
+def test_fake_cuda_inputs_take_the_op(shape: tuple[int, int, int], strategy: str) -> None:
+    """Under fake tensors the path is the op; its launch goes through ``wrap_triton`` and launches nothing
+    (forward and adjoint, on the single-pass kernel and on the pipelined walk)."""
     with FakeTensorMode():
-        a = torch.empty(2, 4096, 256, device="cuda")
-        h = linear.recurrence(a, torch.empty_like(a), torch.empty(2, 256, device="cuda"))
+        a = torch.empty(shape, device="cuda")
+        h0 = torch.empty(shape[0], shape[2], device="cuda")
+        for backward in (False, True):
+            assert linear._plan_for(a, 1, True, True, backward).strategy == strategy
+        h = linear.recurrence(a, torch.empty_like(a), h0)
         assert h.shape == a.shape and h.device.type == "cuda"
+        grads = linear.linear_recurrence_bwd(a, h0, h, torch.empty_like(h))
+        assert [g.shape for g in grads] == [a.shape, a.shape, h0.shape]
 
 
 class _SpyKernel:
