@@ -127,30 +127,38 @@ def test_op_on_fake_cuda_tensors_beyond_memory() -> None:
 
 
 def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At sizes where the k = 1 recurrence and its adjoint (and the log recurrence and its adjoint) take the
-    single-pass kernel (status buffers allocated inside the op), the ops keep their contract on fake CUDA
-    tensors and trace as one node."""
+    """At sizes where the k = 1 recurrence and its adjoint take the pipelined walk or the single-pass kernel
+    (status buffers allocated inside the op), and the log recurrence and its adjoint the single pass, the
+    ops keep their contract on fake CUDA tensors and trace as one node."""
     from mingru_triton import linear
 
     plans: list[str] = []
-    original = linear._run_lookback
 
-    def spy(plan: Any, *args: Any, **kwargs: Any) -> Any:
-        plans.append(plan.strategy)
-        return original(plan, *args, **kwargs)
+    def spy(original: Any) -> Any:
+        def run(plan: Any, *args: Any, **kwargs: Any) -> Any:
+            plans.append(plan.strategy)
+            return original(plan, *args, **kwargs)
 
-    monkeypatch.setattr(linear, "_run_lookback", spy)
+        return run
+
+    monkeypatch.setattr(linear, "_run_lookback", spy(linear._run_lookback))
+    monkeypatch.setattr(linear, "_run_pipelined", spy(linear._run_pipelined))
     mode = FakeTensorMode()
     with mode:
         a = torch.empty(8, 4096, 1024, device="cuda")
         h0 = torch.empty(8, 1024, device="cuda")
         h = _op("linear_recurrence_fwd")(a, a, h0)
         da, db, dh0 = _op("linear_recurrence_bwd")(a, h0, h, h)
+        few = torch.empty(4, 4096, 1024, device="cuda")  # 64 chains of 64 channels: the single pass
+        h0_few = torch.empty(4, 1024, device="cuda")
+        h_few = _op("linear_recurrence_fwd")(few, few, h0_few)
+        grads_few = _op("linear_recurrence_bwd")(few, h0_few, h_few, h_few)
         d_lc, d_lb, d_h0 = _op("log_recurrence_bwd")(a, a, h0, h, h)
-        long = torch.empty(8, 16384, 1024, device="cuda")  # the log forward's single pass starts at T = 16384
+        long = torch.empty(8, 16384, 1024, device="cuda")
         h_log = _op("log_recurrence_fwd")(long, long, h0)
-    assert plans == ["lookback"] * 4
+    assert plans == ["pipelined"] * 2 + ["lookback"] * 4
     assert h.shape == da.shape == db.shape == d_lc.shape == d_lb.shape == (8, 4096, 1024)
+    assert [g.shape for g in grads_few] == [few.shape, few.shape, (4, 1024)] and h_few.shape == few.shape
     assert h_log.shape == (8, 16384, 1024)
     assert dh0.shape == d_h0.shape == (8, 1024)
     op = _op("linear_recurrence_fwd")
