@@ -635,15 +635,8 @@ def _make_plan(
     forced: tuple[str, int | None, int | None] | None,
 ) -> ScanPlan:
     block_v = next_pow2(max(v, 1))
-    if (
-        block_v == 1
-        and single_pass
-        and pipelined
-        and (
-            (forced is None and _pipelined_ok(rows, length, dj, itemsize, sms))
-            or (forced is not None and forced[0] == "pipelined")
-        )
-    ):
+    walk = _pipelined_ok(rows, length, dj, itemsize, sms) if forced is None else forced[0] == "pipelined"
+    if block_v == 1 and single_pass and pipelined and walk:
         block_j, block_t, num_warps, stages, columns = _pipelined_tile(rows, dj, itemsize, sms, backward)
         block_t = (forced[2] if forced is not None else None) or min(block_t, max_block_t)
         njb = cdiv(max(dj, 1), block_j)
