@@ -155,6 +155,37 @@ def test_fake_cuda_inputs_take_the_op(shape: tuple[int, int, int], strategy: str
         assert [g.shape for g in grads] == [a.shape, a.shape, h0.shape]
 
 
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+def test_pipelined_walk_fixes_the_channel_count_only_when_concrete(
+    symbolic: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk's one-warp forward gets D as a compile-time constant (FIXED_DJ) when D is an int; a
+    symbolic D (tracing with dynamic shapes) stays a run-time argument (FIXED_DJ = 0). The four-warp
+    backward never fixes it."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    fixed: list[tuple[int, int]] = []
+
+    def spy(kernel: Any, grid: Any, *args: Any, **meta: Any) -> None:
+        if kernel is linear._pipelined_kernel:
+            fixed.append((meta["FIXED_DJ"], meta["num_warps"]))
+
+    monkeypatch.setattr(linear, "launch", spy)
+    env = ShapeEnv()
+    width: Any = 1024
+    if symbolic:
+        source = ConstantSource("D")
+        symbol = env.create_symbol(1024, source, dynamic_dim=DimDynamic.DYNAMIC)
+        width = env.create_symintnode(symbol, hint=1024, source=source)
+    with FakeTensorMode(shape_env=env):
+        a = torch.empty(8, 4096, width, device="cuda")
+        h0 = torch.empty(8, width, device="cuda")
+        linear.scan_forward(a, a, h0, 1, False)
+        linear.scan_backward(a, a, None, a, h0, None, 1, True)
+    assert fixed == [(0 if symbolic else 1024, 1), (0, 4)]
+
+
 class _SpyKernel:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []

@@ -232,7 +232,8 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
     """The pipelined walk with the heuristic's own tiles (no forced steps): forward 64 channels (the
     second block mostly masked) x 32 steps with two channels per thread and the carry folded into a tile's
     first step, backward 64 (or 32 for 2-byte types) channels x 64 steps, float32 with the carry folded;
-    seven tiles per row (four backward), the last partial."""
+    seven tiles per row (four backward), the last partial. The same for the running product (A, Bc) and
+    its adjoint, whose 32-channel tiles leave the third channel block mostly masked."""
     shape = (1, 200, 80)
     itemsize = torch.empty((), dtype=dtype).element_size()
     with linear.force_strategy("pipelined"):
@@ -246,6 +247,12 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
         assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages, bwd.columns) == (
             "pipelined", wide, 64, 3, columns)  # fmt: skip
         _check_recurrence(shape, dtype)
+        # the running product: 64 x 32 forward; backward 32 channels x 64 steps (at most 64 off CUDA)
+        xf = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True)
+        xb = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True, backward=True)
+        assert (xf.strategy, xf.block_j, xf.block_t, xf.num_warps, xf.columns) == ("pipelined", 64, 32, 1, 2)
+        assert (xb.strategy, xb.block_j, xb.block_t, xb.num_warps, xb.columns) == ("pipelined", 32, 64, 4, 0)
+        _check_scan(shape, dtype)
 
 
 @pytest.mark.parametrize(
@@ -355,13 +362,22 @@ def test_strategy_heuristic() -> None:
 
 
 def test_pipelined_heuristic() -> None:
-    """The pipelined walk, for the callers that can run it (the k = 1 recurrence and its adjoint, not the
-    log scan's single pass): from 7/8 of the SMs' worth of 64-channel chains, T >= 1024, 2- and 4-byte
-    types; (channels, steps, warps, stages, channels per thread) per direction."""
+    """The pipelined walk, for the callers that can run it (the k = 1 scans with or without the running
+    product and their adjoints, not the log scan's single pass): from 7/8 of the SMs' worth of 64-channel
+    chains, T >= 1024, 2- and 4-byte types; (channels, steps, warps, stages, channels per thread) per
+    direction."""
 
-    def walk(rows: int, length: int, dj: int, itemsize: int, backward: bool = False, sms: int = 132) -> tuple:
+    def walk(
+        rows: int,
+        length: int,
+        dj: int,
+        itemsize: int,
+        backward: bool = False,
+        sms: int = 132,
+        x: bool = False,
+    ) -> tuple:
         plan = linear.scan_plan(
-            rows, length, dj, 1, itemsize, sms, single_pass=True, pipelined=True, backward=backward
+            rows, length, dj, 1, itemsize, sms, single_pass=not x, pipelined=True, backward=backward
         )
         if plan.strategy != "pipelined":
             return (plan.strategy,)
@@ -387,10 +403,17 @@ def test_pipelined_heuristic() -> None:
         linear.scan_plan(8, 4096, 1024, 4, 4, single_pass=True, pipelined=True).strategy == "sequential"
     )  # v > 1
     assert linear.scan_plan(8, 4096, 1024, 1, 4, single_pass=True).strategy == "lookback"  # the log scan
-    assert linear.scan_plan(8, 4096, 1024, 1, 4, pipelined=True).strategy == "sequential"  # running product
+    assert linear.scan_plan(8, 4096, 1024, 1, 4).strategy == "sequential"  # running product, no walk asked
+    # the running product (linear_scan_fwd / _bwd): one warp forward, two value columns backward
+    for itemsize in (4, 2):
+        assert walk(8, 4096, 1024, itemsize, x=True) == ("pipelined", 64, 32, 1, 3, 2)
+    assert walk(8, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 32, 128, 4, 2, 0)
+    assert walk(8, 4096, 1024, 2, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
+    assert walk(4, 4096, 1024, 4, x=True) == ("sequential",)  # 64 chains; no single pass for X
     with linear.force_strategy("pipelined"):
-        assert linear.scan_plan(8, 4096, 1024, 1, 4, pipelined=True).strategy == "sequential"
+        assert linear.scan_plan(8, 4096, 1024, 4, 4, pipelined=True).strategy == "sequential"  # v > 1
         assert walk(1, 8, 3, 8)[:3] == ("pipelined", 4, 32)
+        assert walk(1, 8, 3, 4, backward=True, x=True)[:3] == ("pipelined", 4, 128)
     with linear.force_strategy("pipelined", None, 8):
         assert walk(8, 4096, 1024, 4)[2] == 8
     assert (
@@ -410,8 +433,9 @@ CUDA_SHAPES = [
     (1, 1 << 20, 16),
     (1, 100_003, 64),
 ]
-"""(8, 2048, 1030) runs the pipelined walk (136 chains of 64 channels, the last mostly masked; bfloat16's
-adjoint on 32-channel tiles), the others the single pass or the sequential and chunked plans."""
+"""(8, 2048, 1030) runs the pipelined walk, for the recurrence and for the running product alike (136 chains
+of 64 channels, the last mostly masked; the adjoints of bfloat16 and of the running product on 32-channel
+tiles), the others the single pass or the sequential and chunked plans."""
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

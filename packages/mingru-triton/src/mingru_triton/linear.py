@@ -9,8 +9,9 @@ an adjoint of it) and the b-like state H.
 
 Strategies (chosen by :func:`scan_plan`, forced in tests by :func:`force_strategy`):
 
-- ``pipelined`` (the layers' recurrence and its adjoint, and the diagonal one with v = 1, when rows x
-  64-channel blocks number about the SMs or more, T >= 1024): :func:`_pipelined_kernel`, one program per
+- ``pipelined`` (the k = 1 scans with or without the running product and their adjoints, and the diagonal
+  ones with v = 1, when rows x 64-channel blocks number about the SMs or more, T >= 1024; the log scan's
+  single pass only when forced): :func:`_pipelined_kernel`, one program per
   (row, channel block) walks all of T in tiles whose loads are software-pipelined (``tl.range`` stages),
   so a few programs per SM keep enough bytes in flight; inputs read once, outputs written once, nothing
   else.
@@ -73,6 +74,12 @@ __all__ = [
 def _compose(a1, h1, a2, h2):
     """Map (a2, h2) after map (a1, h1): x -> a2 (a1 x + h1) + h2."""
     return a1 * a2, a2 * h1 + h2
+
+
+@triton.jit
+def _compose2(a1, h1, x1, a2, h2, x2):
+    """:func:`_compose` for two value columns sharing one coefficient."""
+    return a1 * a2, a2 * h1 + h2, a2 * x1 + x2
 
 
 @triton.jit
@@ -409,12 +416,17 @@ def _lookback_kernel(
 def _pipelined_kernel(
     coef_ptr,
     u_ptr,
+    ux_ptr,
     init_ptr,
     hout_ptr,
+    xout_ptr,
     prevh_ptr,
+    prevx_ptr,
     prev0_ptr,
     da_ptr,
     dinit_ptr,
+    lb_ptr,
+    flag_ptr,
     L,
     DJ,
     NJB,
@@ -424,6 +436,14 @@ def _pipelined_kernel(
     DA: tl.constexpr,
     HAS_PREV0: tl.constexpr,
     DINIT: tl.constexpr,
+    WRITE_X: tl.constexpr,
+    HAS_UX: tl.constexpr,
+    PREV_X: tl.constexpr,
+    EXP_COEF: tl.constexpr,
+    EXP_U: tl.constexpr,
+    LOG_GRADS: tl.constexpr,
+    BAIL: tl.constexpr,
+    FIXED_DJ: tl.constexpr,
     STAGES: tl.constexpr,
     COLUMNS: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -438,18 +458,25 @@ def _pipelined_kernel(
     COLUMNS > 0 asks for at most that many contiguous channels per thread (a hint on the addresses; on one
     warp with BLOCK_J = 32 x COLUMNS every channel's steps then sit in one thread) and folds the carry into
     the tile's first step instead of applying it to every step after the scan (in one thread the scan then
-    needs no coefficient products). The flags are those of :func:`_lookback_kernel` (walk direction,
-    SHIFT, da, d(init)). Inputs contiguous (R, L, DJ).
+    needs no coefficient products). The flags are those of :func:`_lookback_kernel` (walk direction, SHIFT,
+    da, d(init), and the log scan's EXP_COEF, EXP_U, LOG_GRADS); BAIL (with EXP_COEF) sets ``flag_ptr[0]``
+    to 1 when any log coefficient of the program's chain is > 0, checked once after its walk. The running
+    product's flags are those of :func:`_scan_kernel`: WRITE_X writes X_s = a X_{s-1} (X = 1 before the
+    first step) to ``xout``; HAS_UX scans a second value column G_s = a G_{s-1} + ux_s (from 0) and PREV_X
+    adds G_s Xprev to da, Xprev from ``prevx`` one step into the forward's past (1 before t = 1).
+    FIXED_DJ > 0 is DJ as a compile-time constant: a thread's steps then sit at immediate offsets from one
+    address, which saves the per-element address arithmetic of a one-warp tile. Inputs contiguous (R, L, DJ).
     """
+    dj = FIXED_DJ if FIXED_DJ > 0 else DJ
     pid = tl.program_id(0).to(tl.int64)
     r = pid // NJB
     jb = pid % NJB
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
-    mask_j = offs_j < DJ
+    mask_j = offs_j < dj
     lanes_t = tl.arange(0, BLOCK_T)
-    dstep = -DJ if WALK_REV else DJ
+    dstep = -dj if WALK_REV else dj
     first_t = L - 1 if WALK_REV else 0
-    base0 = r * L * DJ + first_t * DJ
+    base0 = r * L * dj + first_t * dj
     inside = (lanes_t * dstep)[:, None] + offs_j[None, :]
     if COLUMNS > 0:
         inside = tl.max_contiguous(inside, [1, COLUMNS])
@@ -457,29 +484,61 @@ def _pipelined_kernel(
     last = (lanes_t == BLOCK_T - 1)[:, None]
     carry = _acc(tl.zeros((BLOCK_J,), tl.float32), FP64)
     if HAS_INIT:
-        carry = _acc(tl.load(init_ptr + r * DJ + offs_j, mask=mask_j, other=0.0), FP64)
+        carry = _acc(tl.load(init_ptr + r * dj + offs_j, mask=mask_j, other=0.0), FP64)
     if HAS_PREV0:
-        h0 = _acc(tl.load(prev0_ptr + r * DJ + offs_j, mask=mask_j, other=0.0), FP64)
+        h0 = _acc(tl.load(prev0_ptr + r * dj + offs_j, mask=mask_j, other=0.0), FP64)
+    worst = _acc(tl.full((BLOCK_J,), float("-inf"), tl.float32), FP64)  # BAIL: largest log coefficient
+    xcarry = carry * 0.0 + 1.0  # WRITE_X: the running product before the tile
+    gcarry = carry * 0.0  # HAS_UX: the second column's state before the tile
+    pad = 0.0 if EXP_COEF else 1.0  # the stored coefficient that stands for 1
     for s0 in tl.range(0, L, BLOCK_T, num_stages=STAGES):
         valid = s0 + lanes_t < L
         m2 = valid[:, None] & mask_j[None, :]
         base = base0 + s0 * dstep
-        u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
+        if EXP_U:
+            u = tl.exp(_acc(tl.load(u_ptr + base + inside, mask=m2, other=float("-inf")), FP64))
+        else:
+            u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
         if SHIFT:
             # The first walk step has no coefficient; 1 stands in, harmless since the carry into it is 0.
             qok = valid & (s0 + lanes_t > 0)
-            a = tl.load(coef_ptr + base - dstep + inside, mask=qok[:, None] & mask_j[None, :], other=1.0)
+            a = tl.load(coef_ptr + base - dstep + inside, mask=qok[:, None] & mask_j[None, :], other=pad)
         else:
-            a = tl.load(coef_ptr + base + inside, mask=m2, other=1.0)
+            a = tl.load(coef_ptr + base + inside, mask=m2, other=pad)
         a = _acc(a, FP64)
+        if BAIL:
+            worst = tl.maximum(worst, tl.max(a, axis=0))
+        if EXP_COEF:
+            a = tl.exp(a)
+        if HAS_UX:
+            ux = _acc(tl.load(ux_ptr + base + inside, mask=m2, other=0.0), FP64)
         # Steps past L carry a = 1, u = 0: the state at the tile's last row is the state at step L - 1.
         if COLUMNS > 0:
-            _, h = tl.associative_scan((a, tl.where(top, u + a * carry[None, :], u)), 0, _compose)
+            u = tl.where(top, u + a * carry[None, :], u)
+            if HAS_UX:
+                ux = tl.where(top, ux + a * gcarry[None, :], ux)
+                p, h, g = tl.associative_scan((a, u, ux), 0, _compose2)
+            else:
+                p, h = tl.associative_scan((a, u), 0, _compose)
         else:
-            p, h = tl.associative_scan((a, u), 0, _compose)
+            if HAS_UX:
+                p, h, g = tl.associative_scan((a, u, ux), 0, _compose2)
+                g = g + p * gcarry[None, :]
+            else:
+                p, h = tl.associative_scan((a, u), 0, _compose)
             h = h + p * carry[None, :]
         carry = tl.sum(tl.where(last, h, 0.0), axis=0)
-        tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
+        if HAS_UX:
+            gcarry = tl.sum(tl.where(last, g, 0.0), axis=0)
+        if WRITE_X:
+            x = p * xcarry[None, :]
+            xcarry = tl.sum(tl.where(last, x, 0.0), axis=0)
+            tl.store(xout_ptr + base + inside, x.to(xout_ptr.dtype.element_ty), mask=m2)
+        if LOG_GRADS:
+            lb = _acc(tl.load(lb_ptr + base + inside, mask=m2, other=float("-inf")), FP64)
+            tl.store(hout_ptr + base + inside, (h * tl.exp(lb)).to(hout_ptr.dtype.element_ty), mask=m2)
+        else:
+            tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
         if DA:
             # The stored state one step into the forward's past: time - 1 when walking back, time + 1 else.
             steps = s0 + lanes_t
@@ -489,11 +548,23 @@ def _pipelined_kernel(
             hp = _acc(hp, FP64)
             if HAS_PREV0:
                 hp = tl.where(pok[:, None], hp, h0[None, :])
-            tl.store(da_ptr + base + inside, (h * hp).to(da_ptr.dtype.element_ty), mask=m2)
+            grad = h * hp
+            if PREV_X:
+                pm = pok[:, None] & mask_j[None, :]
+                grad = grad + g * _acc(tl.load(prevx_ptr + base + dstep + inside, mask=pm, other=1.0), FP64)
+            if LOG_GRADS:
+                grad = grad * tl.exp(_acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64))
+            tl.store(da_ptr + base + inside, grad.to(da_ptr.dtype.element_ty), mask=m2)
+    if BAIL:  # noqa: SIM102 (a constexpr test around a runtime one)
+        # A coefficient above 1 (a log above 0): flag the launch; the caller's fallback redoes all of it.
+        if tl.max(worst, axis=0) > 0.0:
+            tl.atomic_xchg(flag_ptr, 1)
     if DINIT:
         t_end = 0 if WALK_REV else L - 1
-        a_first = _acc(tl.load(coef_ptr + r * L * DJ + t_end * DJ + offs_j, mask=mask_j, other=0.0), FP64)
-        tl.store(dinit_ptr + r * DJ + offs_j, (a_first * carry).to(dinit_ptr.dtype.element_ty), mask=mask_j)
+        a_first = _acc(tl.load(coef_ptr + r * L * dj + t_end * dj + offs_j, mask=mask_j, other=0.0), FP64)
+        if EXP_COEF:
+            a_first = tl.exp(a_first)
+        tl.store(dinit_ptr + r * dj + offs_j, (a_first * carry).to(dinit_ptr.dtype.element_ty), mask=mask_j)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -578,13 +649,19 @@ def scan_plan(
 ) -> ScanPlan:
     """Choose tiles and strategy for ``rows`` rows of ``length`` steps, ``dj`` coefficient channels x ``v``.
 
-    ``pipelined`` (with ``single_pass``): the caller can run the pipelined walk (the k = 1 recurrence and
-    its adjoint, ``backward``), taken for enough chains (:data:`PIPELINED_MIN_FILL`). Its tiles (channels x
-    steps, warps, stages): forward 64 x 32 on one warp, 4 stages, two channels per thread (each channel's
-    steps in one thread); backward 64 x 64 on four warps, 3 stages (float32: the carry folded in, as with
-    channels per thread), and for 2-byte types with at most 2 x SMs chains of 32 channels 32 x 128. On an
-    H200 (GPU time, ms; forward / backward): (8, 16384, 1024) float32 0.396 / 0.688 against 0.490 / 0.745
-    for the single-pass kernel, bfloat16 0.325 / 0.466 against 0.429 / 0.521.
+    ``pipelined``: the caller can run the pipelined walk (the k = 1 scans and their adjoints,
+    ``backward``), taken for enough chains (:data:`PIPELINED_MIN_FILL`). Its tiles (channels x steps,
+    warps, stages):
+
+    - recurrence (``single_pass``): forward 64 x 32 on one warp, 4 stages, two channels per thread (each
+      channel's steps in one thread); backward 64 x 64 on four warps, 3 stages (float32: the carry folded
+      in, as with channels per thread), and for 2-byte types with at most 2 x SMs chains of 32 channels
+      32 x 128. On an H200 (GPU time, ms; forward / backward): (8, 16384, 1024) float32 0.396 / 0.688
+      against 0.490 / 0.745 for the single-pass kernel, bfloat16 0.325 / 0.466 against 0.429 / 0.521.
+    - with the running product (not ``single_pass``): forward 64 x 32 on one warp, 3 stages, two channels
+      per thread; backward (two value columns) 32 x 128 on four warps, 2 stages (float32) or 32 x 64, 3
+      stages (2-byte types). H200, (8, 16384, 1024), forward / backward: float32 0.617 / 0.968 against
+      1.246 / 2.354 for the sequential plan, bfloat16 0.450 / 0.784 against 1.092 / 1.702.
 
     ``single_pass``: the scan needs no running product (X), so for k = 1 the single-pass ``lookback``
     kernel can take it (see :data:`LOOKBACK_MIN_CHAINS`). Its tile (channels x steps, warps), each
@@ -636,8 +713,10 @@ def _make_plan(
 ) -> ScanPlan:
     block_v = next_pow2(max(v, 1))
     walk = _pipelined_ok(rows, length, dj, itemsize, sms) if forced is None else forced[0] == "pipelined"
-    if block_v == 1 and single_pass and pipelined and walk:
-        block_j, block_t, num_warps, stages, columns = _pipelined_tile(rows, dj, itemsize, sms, backward)
+    if block_v == 1 and pipelined and walk:
+        block_j, block_t, num_warps, stages, columns = _pipelined_tile(
+            rows, dj, itemsize, sms, backward, not single_pass
+        )
         block_t = (forced[2] if forced is not None else None) or min(block_t, max_block_t)
         njb = cdiv(max(dj, 1), block_j)
         return ScanPlan("pipelined", block_t, block_j, 1, num_warps, max(length, 1), 1, njb, stages, columns)
@@ -687,12 +766,17 @@ def _pipelined_ok(rows: int, length: int, dj: int, itemsize: int, sms: int) -> b
 
 
 def _pipelined_tile(
-    rows: int, dj: int, itemsize: int, sms: int, backward: bool
+    rows: int, dj: int, itemsize: int, sms: int, backward: bool, with_x: bool = False
 ) -> tuple[int, int, int, int, int]:
-    """(BLOCK_J, BLOCK_T, warps, stages, channels per thread) of the pipelined walk; see :func:`scan_plan`."""
+    """(BLOCK_J, BLOCK_T, warps, stages, channels per thread) of the pipelined walk; see :func:`scan_plan`.
+    ``with_x``: the scan also carries the running product (forward) or its adjoint (backward)."""
     width = next_pow2(max(dj, 1))
+    if with_x and not backward:
+        return min(64, width), 32, 1, 3, 2
     if not backward:
         return min(64, width), 32, 1, 4, 2
+    if with_x:
+        return (min(32, width), 128, 4, 2, 0) if itemsize == 4 else (min(32, width), 64, 4, 3, 0)
     if itemsize <= 2 and rows * cdiv(max(dj, 1), 32) <= 2 * sms:
         return min(32, width), 128, 4, 3, 0
     return min(64, width), 64, 4, 3, 4 if itemsize == 4 else 0
@@ -811,21 +895,25 @@ def _plan_for(
     )
 
 
-_PIPELINED_PTRS = ("coef", "u", "init", "hout", "prevh", "prev0", "da", "dinit")
-_PIPELINED_FLAGS = ("WALK_REV", "SHIFT", "HAS_INIT", "DA", "HAS_PREV0", "DINIT")
+_PIPELINED_PTRS = ("coef", "u", "ux", "init", "hout", "xout", "prevh", "prevx", "prev0", "da", "dinit", "lb")
+_PIPELINED_FLAGS = (*_LOOKBACK_FLAGS, "WRITE_X", "HAS_UX", "PREV_X")
 
 
-def _run_pipelined(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> None:
-    """One launch of :func:`_pipelined_kernel` (one program per chain), called like :func:`_run_lookback`."""
+def _run_pipelined(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor | None:
+    """One launch of :func:`_pipelined_kernel` (one program per chain), called like :func:`_run_lookback`.
+    With BAIL returns the int32 flag (one element, 1 if set), else None."""
     coef = ptrs["coef"]
     rows, length, dj = coef.shape
     args = [ptrs.get(name) for name in _PIPELINED_PTRS]
     meta = {name: int(flags.get(name, 0)) for name in _PIPELINED_FLAGS}
+    flag = torch.zeros(1, dtype=torch.int32, device=coef.device) if meta["BAIL"] else None
+    fixed = dj if plan.num_warps == 1 and type(dj) is int else 0  # not a SymInt
     launch(
-        _pipelined_kernel, (rows * plan.num_jblocks,), *args, length, dj, plan.num_jblocks, **meta,
-        STAGES=plan.num_stages, COLUMNS=plan.columns, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j,
-        FP64=is_fp64(coef), num_warps=plan.num_warps,
+        _pipelined_kernel, (rows * plan.num_jblocks,), *args, flag, length, dj, plan.num_jblocks, **meta,
+        FIXED_DJ=fixed, STAGES=plan.num_stages, COLUMNS=plan.columns, BLOCK_T=plan.block_t,
+        BLOCK_J=plan.block_j, FP64=is_fp64(coef), num_warps=plan.num_warps,
     )  # fmt: skip
+    return flag
 
 
 def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor:
@@ -872,7 +960,7 @@ def scan_forward(
     flags = {"X_ONE": 1, "WRITE_X": int(want_x), "WRITE_H": 1, "HAS_INIT": int(init is not None)}
     if plan.strategy == "pipelined":
         _run_pipelined(plan, {"coef": coef, "u": u, **inits, **outs}, WALK_REV=int(reverse), **flags)
-        return None, hout
+        return xout, hout
     if plan.strategy == "lookback":
         _run_lookback(plan, {"coef": coef, "u": u, **inits, **outs}, WALK_REV=int(reverse), **flags)
         return None, hout
@@ -926,7 +1014,8 @@ def scan_backward(
     flags = {"WRITE_H": 1, "DA": 1, "PREV_X": int(prev_x is not None), "HAS_PREV0": int(prev0 is not None),
              "DINIT": int(want_dinit), "HAS_UX": int(has_ux)}  # fmt: skip
     if plan.strategy == "pipelined":
-        _run_pipelined(plan, {"coef": coef, "u": grad_h, **reads, **outs}, WALK_REV=walk, SHIFT=1, **flags)
+        _run_pipelined(plan, {"coef": coef, "u": grad_h, **ux, **reads, **outs}, WALK_REV=walk, SHIFT=1,
+                       **flags)  # fmt: skip
         return da, du, dinit
     if plan.strategy == "lookback":
         _run_lookback(plan, {"coef": coef, "u": grad_h, **reads, **outs}, WALK_REV=walk, SHIFT=1, **flags)
