@@ -248,10 +248,39 @@ class TestInterpreter:
         torch.testing.assert_close(d_lb, inputs[1].grad.flip(1), rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(d_h0, h0_ref.grad, rtol=1e-10, atol=1e-10)
 
-    def test_recurrence_adjoint_runs_single_pass(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Under force_strategy("lookback") log_recurrence_fwd and its adjoint run the single-pass k = 1
+    @pytest.mark.parametrize(
+        ("strategy", "block_t"), [("lookback", None), ("pipelined", None), ("pipelined", 4)]
+    )
+    def test_recurrence_runs_k1_kernel(
+        self, strategy: str, block_t: int | None, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Under force_strategy("lookback") or ("pipelined") log_recurrence_fwd and its adjoint run that k = 1
         kernel with exp(lc) as the coefficient (parallel_scan_log_fwd, log h0 in its values, keeps the log
-        kernel), and a look-back that replays summaries gives the same bits as one that does not."""
+        kernel), -inf inputs included; block_t = 4 gives the walk 18 tiles per row."""
+        flags: list[dict[str, int]] = []
+        runner = "_run_pipelined" if strategy == "pipelined" else "_run_lookback"
+        original = getattr(linear, runner)
+
+        def spy(plan: linear.ScanPlan, ptrs: dict[str, Tensor], **kw: int) -> Tensor | None:
+            assert plan.strategy == strategy and plan.block_t == (block_t or plan.block_t)
+            flags.append(kw)
+            return original(plan, ptrs, **kw)
+
+        monkeypatch.setattr(linear, runner, spy)
+        device = kernel_device()
+        log_coeffs, log_values = log_inputs((2, 70, 5), torch.float32, device)
+        log_coeffs[1, 30:33] = NEG_INF
+        log_values[0, 40:, 2] = NEG_INF
+        h0 = signed_h0(2, 5, torch.float32, device)
+        with force_strategy(strategy), linear.force_strategy(strategy, None, block_t):
+            check_recurrence(log_coeffs, log_values[:, 1:], h0, f"{strategy} adjoint")
+            assert [(f.get("EXP_U", 0), f.get("LOG_GRADS", 0)) for f in flags] == [(1, 0), (0, 1)]
+            check_log_scan(log_coeffs, log_values, f"{strategy}, log h0")
+        assert len(flags) == 2
+
+    def test_lookback_replay_is_bitwise(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A look-back of the single pass that replays summaries gives the log recurrence and its adjoint
+        the same bits as one that does not."""
         flags: list[dict[str, int]] = []
         original = linear._run_lookback
 
@@ -263,13 +292,7 @@ class TestInterpreter:
         device = kernel_device()
         log_coeffs, log_values = log_inputs((2, 70, 5), torch.float32, device)
         log_coeffs[1, 30:33] = NEG_INF
-        log_values[0, 40:, 2] = NEG_INF
         h0 = signed_h0(2, 5, torch.float32, device)
-        with force_strategy("lookback"):
-            check_recurrence(log_coeffs, log_values[:, 1:], h0, "lookback adjoint")
-            assert [(f.get("EXP_U", 0), f.get("LOG_GRADS", 0)) for f in flags] == [(1, 0), (0, 1)]
-            check_log_scan(log_coeffs, log_values, "lookback, log h0")
-        assert len(flags) == 2
         # 2-step tiles (35 per row); with every 4th publishing its final state the walks replay summaries
         runs = []
         grad = torch.randn_like(log_coeffs)
@@ -287,33 +310,39 @@ class TestInterpreter:
                 log_kernels._scan_bwd(log_coeffs, log_values[:, 1:].contiguous(), h0, h, grad, *outs,
                                       b_shift=0, reverse=False)  # fmt: skip
                 runs.append((h, *outs))
-        assert len(flags) == 6
+        assert len(flags) == 4
         for x, y in zip(*runs, strict=True):
             assert torch.equal(x, y)
 
-    def test_recurrence_forward_single_pass_falls_back(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """The single-pass forward of log_recurrence_fwd scans exp(lc), exp(lb) in linear space; one log
+    @pytest.mark.parametrize("strategy", ["lookback", "pipelined"])
+    def test_recurrence_forward_single_pass_falls_back(
+        self, strategy: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The k = 1 kernels' forward of log_recurrence_fwd scans exp(lc), exp(lb) in linear space; one log
         coefficient > 0 anywhere raises its flag and the gated log kernel redoes the scan (same bits as
-        the log kernel alone). Under force_log_space the single pass does not run."""
+        the log kernel alone). Under force_log_space the k = 1 kernel does not run."""
         gates: list[Tensor] = []
-        original = linear._run_lookback
+        runner = "_run_pipelined" if strategy == "pipelined" else "_run_lookback"
+        original = getattr(linear, runner)
 
         def spy(plan: linear.ScanPlan, ptrs: dict[str, Tensor], **kw: int) -> Tensor:
-            gates.append(original(plan, ptrs, **kw))
-            return gates[-1]
+            gate = original(plan, ptrs, **kw)
+            assert gate is not None
+            gates.append(gate)
+            return gate
 
-        monkeypatch.setattr(linear, "_run_lookback", spy)
+        monkeypatch.setattr(linear, runner, spy)
         device = kernel_device()
         log_coeffs, log_values = log_inputs((2, 45, 3), torch.float32, device, seed=4)
         log_b, h0 = log_values[:, 1:], signed_h0(2, 3, torch.float32, device)
         with force_strategy("sequential"):
             log_only = log_recurrence_fwd(log_coeffs, log_b, h0)
-        with force_strategy("lookback"), linear.force_strategy("lookback", None, 4):
+        with force_strategy(strategy), linear.force_strategy(strategy, None, 4):
             single = log_recurrence_fwd(log_coeffs, log_b, h0)
             assert [int(g[-1].item()) for g in gates] == [0]
             assert not torch.equal(single, log_only)  # not the log kernel's bits: the single pass ran
             assert_close(single, recurrence_ref(log_coeffs.double(), log_b.double(), h0.double()),
-                         torch.float32, 45, "single pass")  # fmt: skip
+                         torch.float32, 45, strategy)  # fmt: skip
             growing = log_coeffs.clone()
             growing[1, 38, 2] = 0.25
             fallback = log_recurrence_fwd(growing, log_b, h0)
@@ -483,7 +512,7 @@ class TestCuda:
         growing = log_coeffs.clone()
         growing[1, 50000, 700] = 0.1
         got = log_recurrence_fwd(growing, log_b, h0)
-        monkeypatch.setattr(log_kernels, "_single_pass_plan", lambda lc, min_length=0: None)
+        monkeypatch.setattr(log_kernels, "_single_pass_plan", lambda lc, min_length=0, backward=False: None)
         assert torch.equal(got, log_recurrence_fwd(growing, log_b, h0))
 
     @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -18,9 +18,10 @@ The backward runs in linear space, lam_t = g_t + a_{t+1} lam_{t+1}, so -inf inpu
 Two strategies, picked by :func:`_plan` from the shapes: "sequential" (one program per (row, channel
 block) walks T in tiles, carrying the last state) and "chunked" (T split into chunks: one launch writes
 per-chunk summaries, a second replays each chunk from the carry it composes from the summaries before it).
-The adjoint of ``log_recurrence_fwd`` (h0 in linear space) is a k = 1 recurrence with coefficients exp(lc):
-where the k = 1 heuristic picks the single-pass kernel (:func:`mingru_triton.linear.scan_plan`), that
-kernel runs it, reading the log coefficients and log b directly.
+``log_recurrence_fwd`` (h0 in linear space) and its adjoint are k = 1 recurrences with coefficients exp(lc):
+where the k = 1 heuristic picks its single-pass kernel (:func:`mingru_triton.linear.scan_plan`), that kernel
+runs them, reading the log inputs directly; under ``force_strategy("pipelined")`` the k = 1 pipelined walk
+does (slower here: see :func:`_single_pass_plan`).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ __all__ = [
     "recurrence",
 ]
 
-STRATEGIES = ("sequential", "chunked", "lookback")
+STRATEGIES = ("sequential", "chunked", "lookback", "pipelined")
 _MAX_GRID = 2**31 - 1
 _MAX_STEPS = 2**31 - 1
 _MAX_CHUNKS = 256
@@ -361,8 +362,9 @@ _forced: list[str] = []
 @contextlib.contextmanager
 def force_strategy(name: str) -> Iterator[None]:
     """Within the block, every log-scan launch uses strategy ``name`` ("sequential" or "chunked"); with
-    "lookback" :func:`log_recurrence_fwd` and its adjoint run the single-pass kernel whatever T is, and the
-    other launches keep their own plan."""
+    "lookback" (the k = 1 single-pass kernel) or "pipelined" (the k = 1 pipelined walk)
+    :func:`log_recurrence_fwd` and its adjoint run that kernel whatever the shape, and the other launches
+    keep their own plan."""
     if name not in STRATEGIES:
         raise ValueError(f"name must be one of {STRATEGIES}, got {name!r}")
     _forced.append(name)
@@ -408,7 +410,7 @@ def _plan(
     32-channel tiles and 4 warps, and enough chunks (each >= 2 tiles, at most 256) to give about 4
     programs per SM. These are the k = 1 kernel's tiles (see :func:`mingru_triton.linear.scan_plan`).
     """
-    forced = _forced[-1] if _forced and _forced[-1] != "lookback" else None
+    forced = _forced[-1] if _forced and _forced[-1] in ("sequential", "chunked") else None
     plan = _cached_plan if type(batch) is type(steps) is type(width) is int else _make_plan  # not SymInts
     return plan(batch, steps, width, sms, max_block_t, itemsize, forced)
 
@@ -504,17 +506,18 @@ def _scan_fwd(
     layout, ``b_shift`` = D). Reading h0 through ``b`` keeps each tensor one kernel argument, which the
     functionalization of ``wrap_triton`` needs (a tensor passed twice is cloned twice).
 
-    Where the k = 1 heuristic picks the single pass (:func:`_single_pass_plan`; the recurrence form, forward
-    in time, T >= :data:`LOOKBACK_FORWARD_MIN_LENGTH`), that kernel runs the recurrence in linear space,
-    a = exp(lc) and b = exp(lb), as the log kernel does for a tile with every lc <= 0. If any lc > 0 it
-    raises a flag on the device, and the log kernel, launched after it and gated on that flag, redoes the
-    whole scan; otherwise that launch does nothing. No host synchronisation either way."""
+    Where the k = 1 heuristic picks its single pass (:func:`_single_pass_plan`; the recurrence form,
+    forward in time, T >= :data:`LOOKBACK_FORWARD_MIN_LENGTH`), that kernel (or the forced walk) runs the
+    recurrence in linear space, a = exp(lc) and b = exp(lb), as the log kernel does for a tile with every
+    lc <= 0. If any lc > 0 it raises a flag on the device, and the log kernel, launched after it and gated
+    on that flag, redoes the whole scan; otherwise that launch does nothing. No host synchronisation either
+    way."""
     gate = None
     if h0 is not None and lean and b_shift == 0 and not reverse and not _log_space:
         single = _single_pass_plan(lc, min_length=LOOKBACK_FORWARD_MIN_LENGTH)
         if single is not None:
             ptrs = {"coef": lc, "u": b, "init": h0, "hout": h}
-            gate = linear._run_lookback(single, ptrs, **_SINGLE_PASS_FORWARD)
+            gate = _run_single_pass(single, ptrs, _SINGLE_PASS_FORWARD)
     h0_log = h0 is None
     h0 = b if h0 is None else h0
     batch, steps, width = lc.shape
@@ -561,26 +564,42 @@ against 0.059 / 0.073 ms (kept on the log kernel); 8 x 2048 x 1024 0.076 / 0.058
 8 x 4096 x 1024 0.142 / 0.107 against 0.219 / 0.280 ms; 1 x 8192 x 2048 0.085 / 0.072 against 0.216 /
 0.278 ms."""
 _SINGLE_PASS_FORWARD = dict.fromkeys(("HAS_INIT", "EXP_COEF", "EXP_U", "BAIL"), 1)
-"""Flags of :func:`mingru_triton.linear._run_lookback` for :func:`log_recurrence_fwd`: exp of both inputs on
+"""Flags of the k = 1 kernels (:func:`_run_single_pass`) for :func:`log_recurrence_fwd`: exp of both inputs on
 load, the initial state fused, and the flag raised by a log coefficient > 0."""
 _SINGLE_PASS_ADJOINT = dict.fromkeys(
     ("WALK_REV", "SHIFT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "LOG_GRADS"), 1
 )
-"""Flags of :func:`mingru_triton.linear._run_lookback` for the adjoint of :func:`log_recurrence_fwd`: walk
+"""Flags of the k = 1 kernels (:func:`_run_single_pass`) for the adjoint of :func:`log_recurrence_fwd`: walk
 time backwards with the next step's coefficient exp(lc), and write d lc, d lb and d h0."""
 
 
-def _single_pass_plan(lc: Tensor, min_length: int = 0) -> linear.ScanPlan | None:
-    """The plan of the single-pass k = 1 kernel for :func:`log_recurrence_fwd` or its adjoint (linear-space
-    recurrences with coefficients exp(lc)), or None where the log kernel's own plan runs: the k = 1 heuristic
-    (:func:`mingru_triton.linear.scan_plan`, single pass) for T >= ``min_length``, overridden by
-    :func:`force_strategy`."""
+def _single_pass_plan(lc: Tensor, min_length: int = 0, backward: bool = False) -> linear.ScanPlan | None:
+    """The plan of the k = 1 single-pass kernel (or, under ``force_strategy("pipelined")``, the pipelined
+    walk) for :func:`log_recurrence_fwd` or its adjoint (``backward``; linear-space recurrences with
+    coefficients exp(lc)), or None where the log kernel's own plan runs: the k = 1 heuristic
+    (:func:`mingru_triton.linear.scan_plan`) for T >= ``min_length``, overridden by :func:`force_strategy`.
+
+    The heuristic never picks the walk here. H200, GPU time (CUDA graph replay) at (8, 16384, 1024), ms,
+    forward / adjoint: float32 0.836 / 1.023 on the walk's best tiles of a sweep against 0.535 / 1.008 on
+    the single pass; bfloat16 0.652 / 0.702 against 0.404 / 0.646. With the k = 1 forward's one-warp tile
+    the walk's forward took 1.48 ms (float32): one warp per SM does not issue two exps per element fast
+    enough, and tiles with four warps along time pay for a scan across warps."""
     forced = _forced[-1] if _forced else None
     if forced in ("sequential", "chunked") or (forced is None and lc.shape[1] < min_length):
         return None
-    with linear.force_strategy("lookback") if forced == "lookback" else contextlib.nullcontext():
-        plan = linear._plan_for(lc, 1, single_pass=True)
-    return plan if plan.strategy == "lookback" else None
+    inner = linear._FORCED[-1][0] if linear._FORCED else None  # a k = 1 forcing of the same name stays
+    walk = forced == "pipelined"  # the walk only when forced: slower than the single pass for the log scan
+    with linear.force_strategy(forced) if forced not in (None, inner) else contextlib.nullcontext():
+        plan = linear._plan_for(lc, 1, single_pass=True, pipelined=walk, backward=backward)
+    return plan if plan.strategy in ("lookback", "pipelined") else None
+
+
+def _run_single_pass(plan: linear.ScanPlan, ptrs: dict[str, Tensor], flags: dict[str, int]) -> Tensor | None:
+    """Launch the kernel of ``plan`` (:func:`_single_pass_plan`); returns its BAIL flag buffer (the last
+    element is 1 if set) when ``flags`` asks for BAIL."""
+    if plan.strategy == "pipelined":
+        return linear._run_pipelined(plan, ptrs, **flags)
+    return linear._run_lookback(plan, ptrs, **flags)
 
 
 def _scan_bwd(
@@ -600,11 +619,11 @@ def _scan_bwd(
     ``lc``, ``b`` and ``h0`` (contiguous rows; ``b`` and ``d_b`` share their batch stride). With ``h0`` None
     (log h0 in slot 0 of ``b``), ``d_h0`` is None and d log h0 goes to slot 0 of ``d_b``."""
     if h0 is not None and d_h0 is not None and b_shift == 0 and not reverse:
-        single = _single_pass_plan(lc)
+        single = _single_pass_plan(lc, backward=True)
         if single is not None:
             ptrs = {"coef": lc, "u": grad_h, "lb": b, "prevh": h, "prev0": h0, "hout": d_b, "da": d_lc,
                     "dinit": d_h0}  # fmt: skip
-            linear._run_lookback(single, ptrs, **_SINGLE_PASS_ADJOINT)
+            _run_single_pass(single, ptrs, _SINGLE_PASS_ADJOINT)
             return
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
