@@ -226,6 +226,24 @@ def test_lookback_combines_summaries(every: int) -> None:
         pass
 
 
+@pytest.mark.parametrize("columns", [0, 2])
+@marked(on_interpreter)
+def test_pipelined_tiles_fold_or_not(columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every walk tile with channels per thread (the carry folded into a tile's first step) or without (the
+    carry applied after the tile's scan), for the recurrence and the running product, both directions:
+    the heuristic picks only some of these pairings (the running product's adjoint never folds)."""
+    monkeypatch.setattr(linear, "_pipelined_tile", lambda *args: (8, 4, 1, 2, columns))
+    linear._cached_plan.cache_clear()
+    try:
+        with linear.force_strategy("pipelined"):
+            plan = linear.scan_plan(1, 37, 10, 1, 4, max_block_t=64, pipelined=True, backward=True)
+            assert (plan.strategy, plan.block_j, plan.block_t, plan.columns) == ("pipelined", 8, 4, columns)
+            _check_scan((2, 37, 10), torch.float32)
+            _check_recurrence((2, 37, 10), torch.float32)
+    finally:
+        linear._cached_plan.cache_clear()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @marked(on_interpreter)
 def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
