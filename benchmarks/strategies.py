@@ -1,17 +1,20 @@
-"""Kernel time of each k = 1 strategy: the layers' recurrence and its adjoint, called directly (no autograd).
+"""Kernel time of each k = 1 strategy, the ops called directly (no autograd).
 
-For each shape and dtype, ``linear_recurrence_fwd`` and ``linear_recurrence_bwd`` are timed with every
-strategy forced (``pipelined``, ``lookback``, ``sequential``, ``chunked``) and with the heuristic's own
+Two ops (``--ops``): "recurrence", the layers' ``linear_recurrence_fwd`` / ``_bwd``, and "scan", the seed
+contract's ``linear_scan_fwd`` / ``_bwd`` (which also write and read the running product A). For each op,
+shape and dtype, forward and backward are timed with every strategy that serves the op forced
+(``pipelined``, ``lookback`` (the recurrence only), ``sequential``, ``chunked``) and with the heuristic's own
 choice ("plan"): the median of ``triton.testing.do_bench``, and "x floor", that time over the time a device
-copy of the bytes the op must move takes (forward: read a, b, write h; backward: read a, h, dh, write da,
-db), measured in the same run. accelerated-scan, when installed, is timed on its (B, D, T) layout, forward
-and forward+backward through autograd. Before timing, the single-pass kernel and the pipelined walk are
-checked against the sequential one (relative difference) and against themselves over repeated calls
-(bitwise). ``--smoke`` runs a tiny shape on the CPU under the Triton interpreter: the checks run, the times
-mean nothing.
+copy of the bytes the op must move takes (recurrence forward: read a, b, write h; backward: read a, h, dh,
+write da, db; scan forward: read a, b, write A, Bc; backward: read a, A, Bc, dA, dBc, write da, db),
+measured in the same run. accelerated-scan, when installed, is timed beside the recurrence on its (B, D, T)
+layout, forward and forward+backward through autograd (it computes no A). Before timing, the single-pass
+kernel and the pipelined walk are checked against the sequential one (relative difference) and against
+themselves over repeated calls (bitwise). ``--smoke`` runs a tiny shape on the CPU under the Triton
+interpreter: the checks run, the times mean nothing.
 
     python benchmarks/strategies.py                                 # on a CUDA machine
-    python benchmarks/strategies.py --shapes 8x16384x1024 --dtypes float32
+    python benchmarks/strategies.py --shapes 8x16384x1024 --dtypes float32 --ops scan
     python benchmarks/strategies.py --smoke
 """
 
@@ -52,19 +55,42 @@ def timer(cuda: bool, rep: int) -> Callable[[Callable[[], Any]], float]:
     return wall
 
 
-def check(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, grad: torch.Tensor) -> str:
-    """The single-pass kernel and the pipelined walk against the sequential one, and each against itself
-    over three calls."""
+OPS = ("recurrence", "scan")
+Tensors = tuple[torch.Tensor, ...]
+
+
+def forward(op: str, a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor) -> Tensors:
+    """(h,) of the recurrence from h0, or (A, Bc) of the scan."""
+    if op == "recurrence":
+        return (linear.linear_recurrence_fwd(a, b, h0),)
+    return tuple(linear.linear_scan_fwd(a, b))
+
+
+def backward(op: str, a: torch.Tensor, h0: torch.Tensor, outs: Tensors, grad: torch.Tensor) -> Tensors:
+    """The op's adjoint from its stored outputs ``outs``, with ``grad`` as every output's gradient."""
+    if op == "recurrence":
+        return tuple(linear.linear_recurrence_bwd(a, h0, outs[0], grad))
+    return tuple(linear.linear_scan_bwd(a, *outs, grad, grad))
+
+
+def served(op: str) -> tuple[str, ...]:
+    """The strategies that run ``op`` (the single pass takes no running product)."""
+    return linear.STRATEGIES if op == "recurrence" else tuple(s for s in linear.STRATEGIES if s != "lookback")
+
+
+def check(op: str, a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, grad: torch.Tensor) -> str:
+    """The single-pass kernel and the pipelined walk (those of them that serve ``op``) against the
+    sequential one, and each against itself over three calls."""
     with linear.force_strategy("sequential"):
-        h = linear.linear_recurrence_fwd(a, b, h0)
-        want = (h, *linear.linear_recurrence_bwd(a, h0, h, grad))
+        outs = forward(op, a, b, h0)
+        want = (*outs, *backward(op, a, h0, outs, grad))
     notes = []
-    for name in ("lookback", "pipelined"):
+    for name in (s for s in ("lookback", "pipelined") if s in served(op)):
         runs = []
         with linear.force_strategy(name):
             for _ in range(3):
-                got = linear.linear_recurrence_fwd(a, b, h0)
-                runs.append((got, *linear.linear_recurrence_bwd(a, h0, h, grad)))
+                got = forward(op, a, b, h0)
+                runs.append((*got, *backward(op, a, h0, outs, grad)))
         diff = max(
             ((x.double() - y.double()).abs().max() / y.double().abs().max().clamp_min(1e-30)).item()
             for x, y in zip(runs[0], want, strict=True)
@@ -76,7 +102,9 @@ def check(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, grad: torch.Tensor
     return "; ".join(notes)
 
 
-def rows(shape: tuple[int, int, int], dtype: torch.dtype, args: argparse.Namespace, cuda: bool) -> list[str]:
+def rows(
+    op: str, shape: tuple[int, int, int], dtype: torch.dtype, args: argparse.Namespace, cuda: bool
+) -> list[str]:
     device = torch.device("cuda" if cuda else "cpu")
     gen = torch.Generator(device=device).manual_seed(0)
     batch, _, width = shape
@@ -85,18 +113,19 @@ def rows(shape: tuple[int, int, int], dtype: torch.dtype, args: argparse.Namespa
     h0 = torch.randn(batch, width, device=device, generator=gen).to(dtype)
     grad = torch.randn(shape, device=device, generator=gen).to(dtype)
     ms = timer(cuda, args.rep)
-    # forward: read a, b, write h; backward: read a, h, dh, write da, db
-    floors = [run.copy_ms(streams * a.numel() * a.element_size(), device, ms) for streams in (3, 5)]
-    plan = linear._plan_for(a, 1, single_pass=True, pipelined=True).strategy
-    label = f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}"
-    out = [f"{label}: plan {plan}; {check(a, b, h0, grad)}"]
-    h = linear.linear_recurrence_fwd(a, b, h0)
-    for name in ("plan", *linear.STRATEGIES):
+    # streams read and written: (forward, backward); see the module docstring
+    streams = (3, 5) if op == "recurrence" else (4, 7)
+    floors = [run.copy_ms(n * a.numel() * a.element_size(), device, ms) for n in streams]
+    plan = linear._plan_for(a, 1, single_pass=op == "recurrence", pipelined=True).strategy
+    label = f"{op} {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}"
+    out = [f"{label}: plan {plan}; {check(op, a, b, h0, grad)}"]
+    outs = forward(op, a, b, h0)
+    for name in ("plan", *served(op)):
         with linear.force_strategy(name) if name != "plan" else contextlib.nullcontext():
-            fwd = ms(lambda: linear.linear_recurrence_fwd(a, b, h0))
-            bwd = ms(lambda: linear.linear_recurrence_bwd(a, h0, h, grad))
+            fwd = ms(lambda: forward(op, a, b, h0))
+            bwd = ms(lambda: backward(op, a, h0, outs, grad))
         out.append(_row(f"mingru {name}", fwd, bwd, floors))
-    if args.peer:
+    if args.peer and op == "recurrence":
         a_t, b_t = (x.transpose(1, 2).contiguous() for x in (a, b))
         leaves = [x.clone().requires_grad_() for x in (a_t, b_t)]
         grad_t = grad.transpose(1, 2).contiguous()
@@ -118,6 +147,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--shapes", default=SHAPES, help="comma-separated BxTxD")
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
     parser.add_argument("--rep", type=int, default=40, help="do_bench rep in ms")
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, one tiny shape")
     args = parser.parse_args(argv)
@@ -127,6 +157,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("the strategy benchmark times CUDA kernels: run it on a GPU, or pass --smoke")
     args.shapes = [run.parse_shape(s) for s in args.shapes.split(",")]
     args.dtypes = [getattr(torch, name.strip()) for name in args.dtypes.split(",")]
+    args.ops = [name.strip() for name in args.ops.split(",")]
+    unknown = [name for name in args.ops if name not in OPS]
+    if unknown:
+        parser.error(f"--ops takes {', '.join(OPS)}; got {', '.join(unknown)}")
     return args
 
 
@@ -136,9 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cuda = not args.smoke
     args.peer = run.peer_wanted("accelerated-scan", cuda)
-    for shape in args.shapes:
-        for dtype in args.dtypes:
-            print("\n".join(rows(shape, dtype, args, cuda)), flush=True)
+    for op in args.ops:
+        for shape in args.shapes:
+            for dtype in args.dtypes:
+                print("\n".join(rows(op, shape, dtype, args, cuda)), flush=True)
     return 0
 
 
