@@ -254,9 +254,10 @@ class TestInterpreter:
     def test_recurrence_runs_k1_kernel(
         self, strategy: str, block_t: int | None, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Under force_strategy("lookback") or ("pipelined") log_recurrence_fwd and its adjoint run that k = 1
-        kernel with exp(lc) as the coefficient (parallel_scan_log_fwd, log h0 in its values, keeps the log
-        kernel), -inf inputs included; block_t = 4 gives the walk 18 tiles per row."""
+        """Under force_strategy("lookback") or ("pipelined") log_recurrence_fwd, parallel_scan_log_fwd (log h0
+        in slot 0 of its values: H0_SLOT) and their adjoints run that k = 1 kernel with exp(lc) as the
+        coefficient, -inf inputs included (a log h0 of -inf among them); block_t = 4 gives the walk 18 tiles
+        per row."""
         flags: list[dict[str, int]] = []
         runner = "_run_pipelined" if strategy == "pipelined" else "_run_lookback"
         original = getattr(linear, runner)
@@ -271,12 +272,13 @@ class TestInterpreter:
         log_coeffs, log_values = log_inputs((2, 70, 5), torch.float32, device)
         log_coeffs[1, 30:33] = NEG_INF
         log_values[0, 40:, 2] = NEG_INF
+        log_values[1, 0, 3] = NEG_INF
         h0 = signed_h0(2, 5, torch.float32, device)
         with force_strategy(strategy), linear.force_strategy(strategy, None, block_t):
             check_recurrence(log_coeffs, log_values[:, 1:], h0, f"{strategy} adjoint")
-            assert [(f.get("EXP_U", 0), f.get("LOG_GRADS", 0)) for f in flags] == [(1, 0), (0, 1)]
             check_log_scan(log_coeffs, log_values, f"{strategy}, log h0")
-        assert len(flags) == 2
+        seen = [(f.get("EXP_U", 0), f.get("LOG_GRADS", 0), f.get("H0_SLOT", 0)) for f in flags]
+        assert seen == [(1, 0, 0), (0, 1, 0), (1, 0, 1), (0, 1, 1)]
 
     def test_lookback_replay_is_bitwise(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A look-back of the single pass that replays summaries gives the log recurrence and its adjoint
@@ -318,9 +320,10 @@ class TestInterpreter:
     def test_recurrence_forward_single_pass_falls_back(
         self, strategy: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """The k = 1 kernels' forward of log_recurrence_fwd scans exp(lc), exp(lb) in linear space; one log
-        coefficient > 0 anywhere raises its flag and the gated log kernel redoes the scan (same bits as
-        the log kernel alone). Under force_log_space the k = 1 kernel does not run."""
+        """The k = 1 kernels' forward of log_recurrence_fwd (and of parallel_scan_log_fwd) scans exp(lc),
+        exp(lb) in linear space; one log coefficient > 0 anywhere raises its flag and the gated log kernel
+        redoes the scan (same bits as the log kernel alone). Under force_log_space the k = 1 kernel does
+        not run."""
         gates: list[Tensor] = []
         runner = "_run_pipelined" if strategy == "pipelined" else "_run_lookback"
         original = getattr(linear, runner)
@@ -354,6 +357,16 @@ class TestInterpreter:
             assert torch.equal(fallback, log_recurrence_fwd(growing, log_b, h0))
         assert_close(fallback, recurrence_ref(growing.double(), log_b.double(), h0.double()), torch.float32,
                      45, "fallback")  # fmt: skip
+        # parallel_scan_log_fwd (log h0 in its values) takes the same kernel and the same fallback
+        with force_strategy(strategy), linear.force_strategy(strategy, None, 4):
+            values_single = parallel_scan_log_fwd(log_coeffs, log_values)
+            values_fallback = parallel_scan_log_fwd(growing, log_values)
+        assert [int(g[-1].item()) for g in gates] == [0, 1, 0, 1]
+        with force_strategy("sequential"):
+            assert not torch.equal(values_single, parallel_scan_log_fwd(log_coeffs, log_values))
+            assert torch.equal(values_fallback, parallel_scan_log_fwd(growing, log_values))
+        assert_close(values_single, parallel_scan_log_ref(log_coeffs.double(), log_values.double()),
+                     torch.float32, 45, f"{strategy}, log h0")  # fmt: skip
 
     def test_unused_output_grad(self) -> None:
         log_coeffs, log_values = log_inputs((1, 3, 2), torch.float32, kernel_device())

@@ -90,6 +90,50 @@ def _acc(x, FP64: tl.constexpr):
 
 
 @triton.jit
+def _first_state(state_ptr, log_ptr, r, L, DJ, offs_j, mask_j, H0_SLOT: tl.constexpr, FP64: tl.constexpr):
+    """The state before row r's first step: ``state`` (R, DJ) at r, or (H0_SLOT) exp of slot 0 of row r of
+    ``log`` (R, L + 1, DJ), the log h0 of the log-values layout."""
+    if H0_SLOT:
+        lh0 = tl.load(log_ptr + r * (L + 1) * DJ + offs_j, mask=mask_j, other=float("-inf"))
+        x = tl.exp(_acc(lh0, FP64))
+    else:
+        x = _acc(tl.load(state_ptr + r * DJ + offs_j, mask=mask_j, other=0.0), FP64)
+    return x
+
+
+@triton.jit
+def _store_dinit(
+    coef_ptr,
+    lb_ptr,
+    hout_ptr,
+    dinit_ptr,
+    r,
+    L,
+    DJ,
+    offs_j,
+    mask_j,
+    state,
+    WALK_REV: tl.constexpr,
+    EXP_COEF: tl.constexpr,
+    H0_SLOT: tl.constexpr,
+    FP64: tl.constexpr,
+):
+    """d(init) = a_first ``state`` of row r into ``dinit`` (R, DJ); a_first is the coefficient of the
+    forward's first step (exp of the stored one with EXP_COEF). H0_SLOT: d log h0 = h0 d(h0) into slot 0 of
+    row r of ``hout`` (R, L + 1, DJ), h0 = exp(slot 0 of ``lb``)."""
+    first = 0 if WALK_REV else L - 1
+    a_first = _acc(tl.load(coef_ptr + r * L * DJ + first * DJ + offs_j, mask=mask_j, other=0.0), FP64)
+    if EXP_COEF:
+        a_first = tl.exp(a_first)
+    if H0_SLOT:
+        h0 = _first_state(lb_ptr, lb_ptr, r, L, DJ, offs_j, mask_j, H0_SLOT, FP64)
+        tl.store(hout_ptr + r * (L + 1) * DJ + offs_j, (a_first * state * h0).to(hout_ptr.dtype.element_ty),
+                 mask=mask_j)  # fmt: skip
+    else:
+        tl.store(dinit_ptr + r * DJ + offs_j, (a_first * state).to(dinit_ptr.dtype.element_ty), mask=mask_j)
+
+
+@triton.jit
 def _scan_kernel(
     coef_ptr,
     u_ptr,
@@ -278,6 +322,7 @@ def _lookback_kernel(
     EXP_U: tl.constexpr,
     LOG_GRADS: tl.constexpr,
     BAIL: tl.constexpr,
+    H0_SLOT: tl.constexpr,
     SPARSE: tl.constexpr,
     REPLAY: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -300,7 +345,10 @@ def _lookback_kernel(
     log scan's adjoint); LOG_GRADS (with DA and EXP_COEF) writes the log scan's gradients: da times a at the
     same step, and h times exp(lb) in place of h. EXP_U: the values are exp of the stored ones (the log
     scan's forward). BAIL (with EXP_COEF): a tile with a log coefficient > 0 sets
-    ``flag_ptr[CHAINS * NT + 1]`` to 1 and the launch goes on; its outputs are then not to be used. SPARSE > 1
+    ``flag_ptr[CHAINS * NT + 1]`` to 1 and the launch goes on; its outputs are then not to be used. H0_SLOT
+    (the log-values form: log h0 in slot 0 of rows of L + 1 steps): with EXP_U, ``u`` is (R, L + 1, DJ) and
+    the initial state is exp(u[:, 0]); with LOG_GRADS, ``lb`` and ``hout`` are (R, L + 1, DJ), the stored
+    h0 is exp(lb[:, 0]) and DINIT writes d log h0 = h0 d(h0) to hout[:, 0]. SPARSE > 1
     (tests) publishes final states only on every SPARSE-th tile, so the look-back walks over summaries.
     Inputs contiguous (R, L, DJ).
     """
@@ -320,9 +368,13 @@ def _lookback_kernel(
     dstep = -DJ if WALK_REV else DJ
     inside = (lanes_t * dstep)[:, None] + offs_j[None, :]
     base = r * L * DJ + t0 * DJ
+    # H0_SLOT: u (forward) or lb and hout (adjoint) have rows of L + 1 steps, log h0 first
+    slot_base = r * (L + 1) * DJ + (t0 + 1) * DJ
+    ubase = slot_base if H0_SLOT and EXP_U else base
+    lbase = slot_base if H0_SLOT and LOG_GRADS else base
     m2 = valid[:, None] & mask_j[None, :]
     if EXP_U:
-        u = tl.exp(_acc(tl.load(u_ptr + base + inside, mask=m2, other=float("-inf")), FP64))
+        u = tl.exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64))
     else:
         u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
     pad = 0.0 if EXP_COEF else 1.0  # the stored coefficient that stands for 1
@@ -347,7 +399,7 @@ def _lookback_kernel(
     carry = h_end * 0.0
     if k == 0:
         if HAS_INIT:
-            carry = _acc(tl.load(init_ptr + r * DJ + offs_j, mask=mask_j, other=0.0), FP64)
+            carry = _first_state(init_ptr, u_ptr, r, L, DJ, offs_j, mask_j, H0_SLOT, FP64)
     else:
         tl.store(agg_ptr + (2 * tile) * BLOCK_J + lanes_j, p_end)
         tl.store(agg_ptr + (2 * tile + 1) * BLOCK_J + lanes_j, h_end)
@@ -380,8 +432,8 @@ def _lookback_kernel(
         tl.atomic_xchg(status, 2, sem="release")
     h = h + p * carry[None, :]
     if LOG_GRADS:
-        lb = _acc(tl.load(lb_ptr + base + inside, mask=m2, other=float("-inf")), FP64)
-        tl.store(hout_ptr + base + inside, (h * tl.exp(lb)).to(hout_ptr.dtype.element_ty), mask=m2)
+        lb = _acc(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FP64)
+        tl.store(hout_ptr + lbase + inside, (h * tl.exp(lb)).to(hout_ptr.dtype.element_ty), mask=m2)
     else:
         tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
     if DA:
@@ -391,7 +443,7 @@ def _lookback_kernel(
         hp = tl.load(prevh_ptr + base + dstep + inside, mask=pok[:, None] & mask_j[None, :], other=0.0)
         hp = _acc(hp, FP64)
         if HAS_PREV0:
-            h0 = _acc(tl.load(prev0_ptr + r * DJ + offs_j, mask=mask_j, other=0.0), FP64)
+            h0 = _first_state(prev0_ptr, lb_ptr, r, L, DJ, offs_j, mask_j, H0_SLOT, FP64)
             hp = tl.where(pok[:, None], hp, h0[None, :])
         grad = h * hp
         if LOG_GRADS:
@@ -399,12 +451,8 @@ def _lookback_kernel(
         tl.store(da_ptr + base + inside, grad.to(da_ptr.dtype.element_ty), mask=m2)
     if DINIT:  # noqa: SIM102 (a constexpr test around a runtime one)
         if k == NT - 1:
-            first = 0 if WALK_REV else L - 1
-            a_first = _acc(tl.load(coef_ptr + r * L * DJ + first * DJ + offs_j, mask=mask_j, other=0.0), FP64)
-            if EXP_COEF:
-                a_first = tl.exp(a_first)
-            dinit = (a_first * final).to(dinit_ptr.dtype.element_ty)
-            tl.store(dinit_ptr + r * DJ + offs_j, dinit, mask=mask_j)
+            _store_dinit(coef_ptr, lb_ptr, hout_ptr, dinit_ptr, r, L, DJ, offs_j, mask_j, final, WALK_REV,
+                         EXP_COEF, H0_SLOT, FP64)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -443,6 +491,7 @@ def _pipelined_kernel(
     EXP_U: tl.constexpr,
     LOG_GRADS: tl.constexpr,
     BAIL: tl.constexpr,
+    H0_SLOT: tl.constexpr,
     FIXED_DJ: tl.constexpr,
     STAGES: tl.constexpr,
     COLUMNS: tl.constexpr,
@@ -459,11 +508,12 @@ def _pipelined_kernel(
     warp with BLOCK_J = 32 x COLUMNS every channel's steps then sit in one thread) and folds the carry into
     the tile's first step instead of applying it to every step after the scan (in one thread the scan then
     needs no coefficient products). The flags are those of :func:`_lookback_kernel` (walk direction, SHIFT,
-    da, d(init), and the log scan's EXP_COEF, EXP_U, LOG_GRADS); BAIL (with EXP_COEF) sets ``flag_ptr[0]``
-    to 1 when any log coefficient of the program's chain is > 0, checked once after its walk. The running
-    product's flags are those of :func:`_scan_kernel`: WRITE_X writes X_s = a X_{s-1} (X = 1 before the
-    first step) to ``xout``; HAS_UX scans a second value column G_s = a G_{s-1} + ux_s (from 0) and PREV_X
-    adds G_s Xprev to da, Xprev from ``prevx`` one step into the forward's past (1 before t = 1).
+    da, d(init), and the log scan's EXP_COEF, EXP_U, LOG_GRADS, H0_SLOT); BAIL (with EXP_COEF) sets
+    ``flag_ptr[0]`` to 1 when any log coefficient of the program's chain is > 0, checked once after its
+    walk. The running product's flags are those of :func:`_scan_kernel`: WRITE_X writes X_s = a X_{s-1}
+    (X = 1 before the first step) to ``xout``; HAS_UX scans a second value column G_s = a G_{s-1} + ux_s
+    (from 0) and PREV_X adds G_s Xprev to da, Xprev from ``prevx`` one step into the forward's past (1
+    before t = 1).
     FIXED_DJ > 0 is DJ as a compile-time constant: a thread's steps then sit at immediate offsets from one
     address, which saves the per-element address arithmetic of a one-warp tile. Inputs contiguous (R, L, DJ).
     """
@@ -477,6 +527,10 @@ def _pipelined_kernel(
     dstep = -dj if WALK_REV else dj
     first_t = L - 1 if WALK_REV else 0
     base0 = r * L * dj + first_t * dj
+    # H0_SLOT: u (forward) or lb and hout (adjoint) have rows of L + 1 steps, log h0 first
+    slot_base0 = r * (L + 1) * dj + (first_t + 1) * dj
+    ubase0 = slot_base0 if H0_SLOT and EXP_U else base0
+    lbase0 = slot_base0 if H0_SLOT and LOG_GRADS else base0
     inside = (lanes_t * dstep)[:, None] + offs_j[None, :]
     if COLUMNS > 0:
         inside = tl.max_contiguous(inside, [1, COLUMNS])
@@ -484,9 +538,9 @@ def _pipelined_kernel(
     last = (lanes_t == BLOCK_T - 1)[:, None]
     carry = _acc(tl.zeros((BLOCK_J,), tl.float32), FP64)
     if HAS_INIT:
-        carry = _acc(tl.load(init_ptr + r * dj + offs_j, mask=mask_j, other=0.0), FP64)
+        carry = _first_state(init_ptr, u_ptr, r, L, dj, offs_j, mask_j, H0_SLOT, FP64)
     if HAS_PREV0:
-        h0 = _acc(tl.load(prev0_ptr + r * dj + offs_j, mask=mask_j, other=0.0), FP64)
+        h0 = _first_state(prev0_ptr, lb_ptr, r, L, dj, offs_j, mask_j, H0_SLOT, FP64)
     worst = _acc(tl.full((BLOCK_J,), float("-inf"), tl.float32), FP64)  # BAIL: largest log coefficient
     xcarry = carry * 0.0 + 1.0  # WRITE_X: the running product before the tile
     gcarry = carry * 0.0  # HAS_UX: the second column's state before the tile
@@ -496,7 +550,8 @@ def _pipelined_kernel(
         m2 = valid[:, None] & mask_j[None, :]
         base = base0 + s0 * dstep
         if EXP_U:
-            u = tl.exp(_acc(tl.load(u_ptr + base + inside, mask=m2, other=float("-inf")), FP64))
+            ubase = ubase0 + s0 * dstep
+            u = tl.exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64))
         else:
             u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
         if SHIFT:
@@ -535,8 +590,9 @@ def _pipelined_kernel(
             xcarry = tl.sum(tl.where(last, x, 0.0), axis=0)
             tl.store(xout_ptr + base + inside, x.to(xout_ptr.dtype.element_ty), mask=m2)
         if LOG_GRADS:
-            lb = _acc(tl.load(lb_ptr + base + inside, mask=m2, other=float("-inf")), FP64)
-            tl.store(hout_ptr + base + inside, (h * tl.exp(lb)).to(hout_ptr.dtype.element_ty), mask=m2)
+            lbase = lbase0 + s0 * dstep
+            lb = _acc(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FP64)
+            tl.store(hout_ptr + lbase + inside, (h * tl.exp(lb)).to(hout_ptr.dtype.element_ty), mask=m2)
         else:
             tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
         if DA:
@@ -560,11 +616,8 @@ def _pipelined_kernel(
         if tl.max(worst, axis=0) > 0.0:
             tl.atomic_xchg(flag_ptr, 1)
     if DINIT:
-        t_end = 0 if WALK_REV else L - 1
-        a_first = _acc(tl.load(coef_ptr + r * L * dj + t_end * dj + offs_j, mask=mask_j, other=0.0), FP64)
-        if EXP_COEF:
-            a_first = tl.exp(a_first)
-        tl.store(dinit_ptr + r * dj + offs_j, (a_first * carry).to(dinit_ptr.dtype.element_ty), mask=mask_j)
+        _store_dinit(coef_ptr, lb_ptr, hout_ptr, dinit_ptr, r, L, dj, offs_j, mask_j, carry, WALK_REV,
+                     EXP_COEF, H0_SLOT, FP64)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -837,7 +890,8 @@ _FLAGS = (
 
 _LOOKBACK_PTRS = ("coef", "u", "init", "hout", "prevh", "prev0", "da", "dinit", "lb")
 _LOOKBACK_FLAGS = (
-    "WALK_REV", "SHIFT", "HAS_INIT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "EXP_U", "LOG_GRADS", "BAIL"
+    "WALK_REV", "SHIFT", "HAS_INIT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "EXP_U", "LOG_GRADS", "BAIL",
+    "H0_SLOT",
 )  # fmt: skip
 _SPARSE: list[int] = []
 LOOKBACK_REPLAY = 4

@@ -18,10 +18,10 @@ The backward runs in linear space, lam_t = g_t + a_{t+1} lam_{t+1}, so -inf inpu
 Two strategies, picked by :func:`_plan` from the shapes: "sequential" (one program per (row, channel
 block) walks T in tiles, carrying the last state) and "chunked" (T split into chunks: one launch writes
 per-chunk summaries, a second replays each chunk from the carry it composes from the summaries before it).
-``log_recurrence_fwd`` (h0 in linear space) and its adjoint are k = 1 recurrences with coefficients exp(lc):
-where the k = 1 heuristic picks its single-pass kernel (:func:`mingru_triton.linear.scan_plan`), that kernel
-runs them, reading the log inputs directly; under ``force_strategy("pipelined")`` the k = 1 pipelined walk
-does (slower here: see :func:`_single_pass_plan`).
+Both ops and their adjoints are also k = 1 recurrences with coefficients exp(lc) (initial state h0, or
+exp(log_values[:, 0])): where the k = 1 heuristic picks its single-pass kernel
+(:func:`mingru_triton.linear.scan_plan`), that kernel runs them, reading the log inputs directly; under
+``force_strategy("pipelined")`` the k = 1 pipelined walk does (slower here: see :func:`_single_pass_plan`).
 """
 
 from __future__ import annotations
@@ -506,18 +506,19 @@ def _scan_fwd(
     layout, ``b_shift`` = D). Reading h0 through ``b`` keeps each tensor one kernel argument, which the
     functionalization of ``wrap_triton`` needs (a tensor passed twice is cloned twice).
 
-    Where the k = 1 heuristic picks its single pass (:func:`_single_pass_plan`; the recurrence form,
-    forward in time, T >= :data:`LOOKBACK_FORWARD_MIN_LENGTH`), that kernel (or the forced walk) runs the
-    recurrence in linear space, a = exp(lc) and b = exp(lb), as the log kernel does for a tile with every
-    lc <= 0. If any lc > 0 it raises a flag on the device, and the log kernel, launched after it and gated
-    on that flag, redoes the whole scan; otherwise that launch does nothing. No host synchronisation either
-    way."""
+    Where the k = 1 heuristic picks its single pass (:func:`_single_pass_plan`; forward in time, the
+    recurrence form or the (T+1) values layout, T >= :data:`LOOKBACK_FORWARD_MIN_LENGTH`), that kernel (or
+    the forced walk) runs the recurrence in linear space, a = exp(lc), b = exp(lb) and, in the values
+    layout, h0 = exp(log h0), as the log kernel does for a tile with every lc <= 0. If any lc > 0 it raises
+    a flag on the device, and the log kernel, launched after it and gated on that flag, redoes the whole
+    scan; otherwise that launch does nothing. No host synchronisation either way."""
     gate = None
-    if h0 is not None and lean and b_shift == 0 and not reverse and not _log_space:
+    slot = h0 is None and b_shift == lc.shape[2]  # the values layout
+    if (slot or (h0 is not None and lean and b_shift == 0)) and not reverse and not _log_space:
         single = _single_pass_plan(lc, min_length=LOOKBACK_FORWARD_MIN_LENGTH)
         if single is not None:
-            ptrs = {"coef": lc, "u": b, "init": h0, "hout": h}
-            gate = _run_single_pass(single, ptrs, _SINGLE_PASS_FORWARD)
+            ptrs = {"coef": lc, "u": b, "hout": h, **({} if h0 is None else {"init": h0})}
+            gate = _run_single_pass(single, ptrs, {**_SINGLE_PASS_FORWARD, "H0_SLOT": int(slot)})
     h0_log = h0 is None
     h0 = b if h0 is None else h0
     batch, steps, width = lc.shape
@@ -565,12 +566,14 @@ against 0.059 / 0.073 ms (kept on the log kernel); 8 x 2048 x 1024 0.076 / 0.058
 0.278 ms."""
 _SINGLE_PASS_FORWARD = dict.fromkeys(("HAS_INIT", "EXP_COEF", "EXP_U", "BAIL"), 1)
 """Flags of the k = 1 kernels (:func:`_run_single_pass`) for :func:`log_recurrence_fwd`: exp of both inputs on
-load, the initial state fused, and the flag raised by a log coefficient > 0."""
+load, the initial state fused, and the flag raised by a log coefficient > 0. :func:`parallel_scan_log_fwd`
+adds H0_SLOT (log h0 in slot 0 of the values' rows of T + 1 steps)."""
 _SINGLE_PASS_ADJOINT = dict.fromkeys(
     ("WALK_REV", "SHIFT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "LOG_GRADS"), 1
 )
 """Flags of the k = 1 kernels (:func:`_run_single_pass`) for the adjoint of :func:`log_recurrence_fwd`: walk
-time backwards with the next step's coefficient exp(lc), and write d lc, d lb and d h0."""
+time backwards with the next step's coefficient exp(lc), and write d lc, d lb and d h0 (with H0_SLOT, the
+adjoint of :func:`parallel_scan_log_fwd`: d log h0 into slot 0 of d log_values)."""
 
 
 def _single_pass_plan(lc: Tensor, min_length: int = 0, backward: bool = False) -> linear.ScanPlan | None:
@@ -618,12 +621,13 @@ def _scan_bwd(
     """Write the adjoint of :func:`_scan_fwd` into ``d_lc``, ``d_b``, ``d_h0``; each must have the strides of
     ``lc``, ``b`` and ``h0`` (contiguous rows; ``b`` and ``d_b`` share their batch stride). With ``h0`` None
     (log h0 in slot 0 of ``b``), ``d_h0`` is None and d log h0 goes to slot 0 of ``d_b``."""
-    if h0 is not None and d_h0 is not None and b_shift == 0 and not reverse:
+    slot = h0 is None and d_h0 is None and b_shift == lc.shape[2]  # the values layout
+    if (slot or (h0 is not None and d_h0 is not None and b_shift == 0)) and not reverse:
         single = _single_pass_plan(lc, backward=True)
         if single is not None:
-            ptrs = {"coef": lc, "u": grad_h, "lb": b, "prevh": h, "prev0": h0, "hout": d_b, "da": d_lc,
-                    "dinit": d_h0}  # fmt: skip
-            _run_single_pass(single, ptrs, _SINGLE_PASS_ADJOINT)
+            ptrs = {"coef": lc, "u": grad_h, "lb": b, "prevh": h, "hout": d_b, "da": d_lc}
+            ptrs.update({} if h0 is None or d_h0 is None else {"prev0": h0, "dinit": d_h0})
+            _run_single_pass(single, ptrs, {**_SINGLE_PASS_ADJOINT, "H0_SLOT": int(slot)})
             return
     batch, steps, width = lc.shape
     plan = _device_plan(lc)
