@@ -101,7 +101,7 @@ def test_layer_compiles_around_the_kernels_like_eager(name: str, backend: str, t
         assert report.kernel_launches("forward") >= 1 and report.kernel_launches("backward") >= 1
 
 
-@pytest.mark.parametrize("name", ["MinGRU-log", "MinGRUDiag", "MinGRUAngle"])
+@pytest.mark.parametrize("name", ["MinGRU-log", "MinGRUDiag", "MinGRUMatrix", "MinGRUAngle"])
 def test_layer_compiles_once_for_changing_lengths_on_the_kernels(name: str, triton_only: None) -> None:
     """The kernels take any T: with dynamic=True one graph serves every length (no doubling buckets)."""
     layer = make_layer(name).to(CUDA)

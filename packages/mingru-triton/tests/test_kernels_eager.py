@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 pytest.importorskip("mingru_triton.linear")
 
-from mingru_triton import _launch, affine, diag, linear, log
+from mingru_triton import _launch, affine, angle, diag, linear, log
 
 needs_switch = pytest.mark.skipif(
     _launch._set_wrap_enabled is None, reason="this torch has no set_wrap_triton_enabled: the op always runs"
@@ -184,6 +184,41 @@ def test_pipelined_walk_fixes_the_channel_count_only_when_concrete(
         linear.scan_forward(a, a, h0, 1, False)
         linear.scan_backward(a, a, None, a, h0, None, 1, True)
     assert fixed == [(0 if symbolic else 1024, 1), (0, 4)]
+
+
+def _symbolic_int(env: Any, name: str, hint: int) -> Any:
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    source = ConstantSource(name)
+    symbol = env.create_symbol(hint, source, dynamic_dim=DimDynamic.DYNAMIC)
+    return env.create_symintnode(symbol, hint=hint, source=source)
+
+
+def test_sqrt_chunk_is_max_of_base_and_isqrt() -> None:
+    import math
+
+    for steps in (*range(0, 5000, 7), 4224, 4225, 16384, 10**6):
+        assert _launch.sqrt_chunk(steps, 64) == max(64, math.isqrt(steps))
+        assert _launch.sqrt_chunk(steps, 128) == max(128, math.isqrt(steps))
+
+
+@pytest.mark.parametrize("family", ["angle", "affine"])
+def test_chunk_plans_keep_a_symbolic_length(family: str) -> None:
+    """Under torch.compile(dynamic=True) the matrix and angle plans see a symbolic T; at T = 40 they guard
+    on ranges of T (below the isqrt range of the chunk length), never on its value, so one graph serves
+    every such length. (isqrt of a symbolic T fixed T: the angle layer recompiled for each length.)"""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    steps = _symbolic_int(env, "T", 40)
+    if family == "angle":
+        strategy, chunk = angle._strategy(8, steps, 2, 4, 1, torch.device("cpu"))
+    else:
+        strategy, chunk = affine._strategy(16, steps)
+    assert strategy == "sequential"
+    assert isinstance(chunk, torch.SymInt) and not env.replacements, env.replacements
+    assert all(g.expr.free_symbols and "Eq" not in str(g.expr) for g in env.guards), env.guards
 
 
 class _SpyKernel:

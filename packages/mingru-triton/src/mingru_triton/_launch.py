@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -123,6 +124,15 @@ def cdiv(x: int, y: int) -> int:
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1), like ``triton.next_power_of_2`` but host-cheap."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def sqrt_chunk(steps: int, base: int) -> int:
+    """max(base, isqrt(steps)), the chunk length of the chunked matrix and angle scans. isqrt of a symbolic
+    size (``torch.compile(dynamic=True)``) would fix T to its first value; T < (base + 1)^2 is tested first
+    instead, a range guard, so one graph serves every such T."""
+    if steps < (base + 1) * (base + 1):
+        return base
+    return math.isqrt(steps)
 
 
 def is_fp64(x: Tensor) -> int:

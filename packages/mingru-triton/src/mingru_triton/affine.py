@@ -18,7 +18,6 @@ replays every chunk from its carry-in, recomputing from the inputs and writing t
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +28,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
-from mingru_triton._launch import cdiv, eager_path, launch, next_pow2, num_sms, on_kernel_device
+from mingru_triton._launch import cdiv, eager_path, launch, next_pow2, num_sms, on_kernel_device, sqrt_chunk
 
 __all__ = [
     "affine_envelope",
@@ -394,7 +393,7 @@ def _strategy(rows: int, steps: int, sms: int = 132, kp: int = 2) -> tuple[str, 
             return "sequential", max(steps, 1)
         chunk = chunk if chunk is not None else cdiv(steps, 4)
         return "chunked", min(chunk, cdiv(steps, 2))
-    chunk = max(MIN_CHUNK if kp <= 4 else 2 * MIN_CHUNK, math.isqrt(steps))
+    chunk = sqrt_chunk(steps, MIN_CHUNK if kp <= 4 else 2 * MIN_CHUNK)
     if rows >= 16 * sms or steps < 2 * chunk:
         return "sequential", max(steps, 1)
     return "chunked", chunk

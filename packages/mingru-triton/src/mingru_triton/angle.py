@@ -20,7 +20,6 @@ Envelope (:func:`angle_envelope`): k even with 2 <= k <= 128, 0 <= R <= 16.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -32,7 +31,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru.scans.angle import check_angle_inputs
-from mingru_triton._launch import cdiv, is_fp64, launch, next_pow2, num_sms, on_kernel_device
+from mingru_triton._launch import cdiv, is_fp64, launch, next_pow2, num_sms, on_kernel_device, sqrt_chunk
 
 __all__ = ["angle_envelope", "angle_scan_bwd", "angle_scan_fwd", "force_strategy"]
 
@@ -134,7 +133,7 @@ def _strategy(
     step per chunk) no longer than a chunk.
     """
     rows = batch * heads
-    chunk = max(64, math.isqrt(steps))
+    chunk = sqrt_chunk(steps, 64)
     forced = _FORCED[-1] if _FORCED else None
     if forced == "chunked":
         return "chunked", max(1, min(chunk, cdiv(steps, 3))) if steps > 1 else 1
