@@ -544,7 +544,11 @@ def _pipelined_kernel(
     worst = _acc(tl.full((BLOCK_J,), float("-inf"), tl.float32), FP64)  # BAIL: largest log coefficient
     xcarry = carry * 0.0 + 1.0  # WRITE_X: the running product before the tile
     gcarry = carry * 0.0  # HAS_UX: the second column's state before the tile
-    pad = 0.0 if EXP_COEF else 1.0  # the stored coefficient that stands for 1
+    # The stored coefficient of a step past L. Forward in time (no SHIFT, no DINIT) it is 0: the asynchronous
+    # copy's zero fill, where 1 costs a select per element; those steps' outputs are masked off and the carry
+    # after the last tile is not used. Otherwise it stands for 1, so that the last tile's final row holds
+    # the state at step L - 1 (DINIT needs it; the adjoints measured slower with 0 in bfloat16).
+    pad = 0.0 if EXP_COEF or not (DINIT or SHIFT) else 1.0
     for s0 in tl.range(0, L, BLOCK_T, num_stages=STAGES):
         valid = s0 + lanes_t < L
         m2 = valid[:, None] & mask_j[None, :]
@@ -567,7 +571,8 @@ def _pipelined_kernel(
             a = tl.exp(a)
         if HAS_UX:
             ux = _acc(tl.load(ux_ptr + base + inside, mask=m2, other=0.0), FP64)
-        # Steps past L carry a = 1, u = 0: the state at the tile's last row is the state at step L - 1.
+        # Steps past L carry u = 0 and a = pad: with a = 1 the state at the tile's last row is the state at
+        # step L - 1.
         if COLUMNS > 0:
             u = tl.where(top, u + a * carry[None, :], u)
             if HAS_UX:
