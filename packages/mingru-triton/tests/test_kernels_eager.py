@@ -155,6 +155,15 @@ def test_fake_cuda_inputs_take_the_op(shape: tuple[int, int, int], strategy: str
         assert [g.shape for g in grads] == [a.shape, a.shape, h0.shape]
 
 
+def _symbolic_int(env: Any, name: str, hint: int) -> Any:
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    source = ConstantSource(name)
+    symbol = env.create_symbol(hint, source, dynamic_dim=DimDynamic.DYNAMIC)
+    return env.create_symintnode(symbol, hint=hint, source=source)
+
+
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_pipelined_walk_fixes_the_channel_count_only_when_concrete(
     symbolic: bool, monkeypatch: pytest.MonkeyPatch
@@ -162,8 +171,7 @@ def test_pipelined_walk_fixes_the_channel_count_only_when_concrete(
     """The walk's one-warp forward gets D as a compile-time constant (FIXED_DJ) when D is an int; a
     symbolic D (tracing with dynamic shapes) stays a run-time argument (FIXED_DJ = 0). The four-warp
     backward never fixes it."""
-    from torch._dynamo.source import ConstantSource
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     fixed: list[tuple[int, int]] = []
 
@@ -173,26 +181,13 @@ def test_pipelined_walk_fixes_the_channel_count_only_when_concrete(
 
     monkeypatch.setattr(linear, "launch", spy)
     env = ShapeEnv()
-    width: Any = 1024
-    if symbolic:
-        source = ConstantSource("D")
-        symbol = env.create_symbol(1024, source, dynamic_dim=DimDynamic.DYNAMIC)
-        width = env.create_symintnode(symbol, hint=1024, source=source)
+    width: Any = _symbolic_int(env, "D", 1024) if symbolic else 1024
     with FakeTensorMode(shape_env=env):
         a = torch.empty(8, 4096, width, device="cuda")
         h0 = torch.empty(8, width, device="cuda")
         linear.scan_forward(a, a, h0, 1, False)
         linear.scan_backward(a, a, None, a, h0, None, 1, True)
     assert fixed == [(0 if symbolic else 1024, 1), (0, 4)]
-
-
-def _symbolic_int(env: Any, name: str, hint: int) -> Any:
-    from torch._dynamo.source import ConstantSource
-    from torch.fx.experimental.symbolic_shapes import DimDynamic
-
-    source = ConstantSource(name)
-    symbol = env.create_symbol(hint, source, dynamic_dim=DimDynamic.DYNAMIC)
-    return env.create_symintnode(symbol, hint=hint, source=source)
 
 
 def test_sqrt_chunk_is_max_of_base_and_isqrt() -> None:

@@ -363,8 +363,8 @@ _forced: list[str] = []
 def force_strategy(name: str) -> Iterator[None]:
     """Within the block, every log-scan launch uses strategy ``name`` ("sequential" or "chunked"); with
     "lookback" (the k = 1 single-pass kernel) or "pipelined" (the k = 1 pipelined walk)
-    :func:`log_recurrence_fwd` and its adjoint run that kernel whatever the shape, and the other launches
-    keep their own plan."""
+    :func:`log_recurrence_fwd`, :func:`parallel_scan_log_fwd` and their adjoints run that kernel whatever
+    the shape, and the other launches keep their own plan."""
     if name not in STRATEGIES:
         raise ValueError(f"name must be one of {STRATEGIES}, got {name!r}")
     _forced.append(name)
@@ -513,8 +513,8 @@ def _scan_fwd(
     a flag on the device, and the log kernel, launched after it and gated on that flag, redoes the whole
     scan; otherwise that launch does nothing. No host synchronisation either way."""
     gate = None
-    slot = h0 is None and b_shift == lc.shape[2]  # the values layout
-    if (slot or (h0 is not None and lean and b_shift == 0)) and not reverse and not _log_space:
+    slot = h0 is None  # the values layout
+    if (slot or (lean and b_shift == 0)) and not reverse and not _log_space:
         single = _single_pass_plan(lc, min_length=LOOKBACK_FORWARD_MIN_LENGTH)
         if single is not None:
             ptrs = {"coef": lc, "u": b, "hout": h, **({} if h0 is None else {"init": h0})}
@@ -555,15 +555,15 @@ def _scan_fwd(
 
 
 LOOKBACK_FORWARD_MIN_LENGTH = 2048
-"""Shortest T for which :func:`log_recurrence_fwd` runs the single pass (where the k = 1 heuristic picks it;
-its adjoint follows the k = 1 heuristic alone). The single pass costs more host time than the log kernel (a
-zeroed status buffer, and the gated fallback launch after it: a forward+backward at 8 x 4096 x 1024 took 548
-against 481 us of wall time on an H200 host, pinned, where it is bound by the host), so it starts where its
-GPU-time saving per forward reaches tens of microseconds and grows with T. H200, GPU time (CUDA graph
-replay), single pass against the log kernel, float32 / bfloat16 forward: 8 x 1024 x 1024 0.043 / 0.034
-against 0.059 / 0.073 ms (kept on the log kernel); 8 x 2048 x 1024 0.076 / 0.058 against 0.112 / 0.142 ms;
-8 x 4096 x 1024 0.142 / 0.107 against 0.219 / 0.280 ms; 1 x 8192 x 2048 0.085 / 0.072 against 0.216 /
-0.278 ms."""
+"""Shortest T for which :func:`log_recurrence_fwd` and :func:`parallel_scan_log_fwd` run the single pass
+(where the k = 1 heuristic picks it; their adjoints follow the k = 1 heuristic alone). The single pass costs
+more host time than the log kernel (a zeroed status buffer, and the gated fallback launch after it: a
+forward+backward at 8 x 4096 x 1024 took 548 against 481 us of wall time on an H200 host, pinned, where it is
+bound by the host), so it starts where its GPU-time saving per forward reaches tens of microseconds and grows
+with T. H200, GPU time (CUDA graph replay), single pass against the log kernel, float32 / bfloat16 forward:
+8 x 1024 x 1024 0.043 / 0.034 against 0.059 / 0.073 ms (kept on the log kernel); 8 x 2048 x 1024 0.076 / 0.058
+against 0.112 / 0.142 ms; 8 x 4096 x 1024 0.142 / 0.107 against 0.219 / 0.280 ms; 1 x 8192 x 2048
+0.085 / 0.072 against 0.216 / 0.278 ms."""
 _SINGLE_PASS_FORWARD = dict.fromkeys(("HAS_INIT", "EXP_COEF", "EXP_U", "BAIL"), 1)
 """Flags of the k = 1 kernels (:func:`_run_single_pass`) for :func:`log_recurrence_fwd`: exp of both inputs on
 load, the initial state fused, and the flag raised by a log coefficient > 0. :func:`parallel_scan_log_fwd`
@@ -578,9 +578,10 @@ adjoint of :func:`parallel_scan_log_fwd`: d log h0 into slot 0 of d log_values).
 
 def _single_pass_plan(lc: Tensor, min_length: int = 0, backward: bool = False) -> linear.ScanPlan | None:
     """The plan of the k = 1 single-pass kernel (or, under ``force_strategy("pipelined")``, the pipelined
-    walk) for :func:`log_recurrence_fwd` or its adjoint (``backward``; linear-space recurrences with
-    coefficients exp(lc)), or None where the log kernel's own plan runs: the k = 1 heuristic
-    (:func:`mingru_triton.linear.scan_plan`) for T >= ``min_length``, overridden by :func:`force_strategy`.
+    walk) for :func:`log_recurrence_fwd`, :func:`parallel_scan_log_fwd` or their adjoints (``backward``;
+    linear-space recurrences with coefficients exp(lc)), or None where the log kernel's own plan runs: the
+    k = 1 heuristic (:func:`mingru_triton.linear.scan_plan`) for T >= ``min_length``, overridden by
+    :func:`force_strategy`.
 
     The heuristic never picks the walk here. H200, GPU time (CUDA graph replay) at (8, 16384, 1024), ms,
     forward / adjoint: float32 0.836 / 1.023 on the walk's best tiles of a sweep against 0.535 / 1.008 on
@@ -621,8 +622,8 @@ def _scan_bwd(
     """Write the adjoint of :func:`_scan_fwd` into ``d_lc``, ``d_b``, ``d_h0``; each must have the strides of
     ``lc``, ``b`` and ``h0`` (contiguous rows; ``b`` and ``d_b`` share their batch stride). With ``h0`` None
     (log h0 in slot 0 of ``b``), ``d_h0`` is None and d log h0 goes to slot 0 of ``d_b``."""
-    slot = h0 is None and d_h0 is None and b_shift == lc.shape[2]  # the values layout
-    if (slot or (h0 is not None and d_h0 is not None and b_shift == 0)) and not reverse:
+    slot = h0 is None  # the values layout
+    if (slot or (d_h0 is not None and b_shift == 0)) and not reverse:
         single = _single_pass_plan(lc, backward=True)
         if single is not None:
             ptrs = {"coef": lc, "u": grad_h, "lb": b, "prevh": h, "hout": d_b, "da": d_lc}
