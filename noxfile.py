@@ -197,6 +197,7 @@ def bench_smoke(session: nox.Session) -> None:
     session.run("python", bench, "--summary-from", str(table))
     sweep = str(ROOT / "benchmarks" / "sweep.py")
     session.run("python", sweep, "--smoke", "--family", "linear")
+    session.run("python", sweep, "--smoke", "--family", "scan", "--modes", "fwd,bwd")  # the adjoint alone
     session.run("python", sweep, "--smoke", "--family", "log", "--compile-workers", "2")  # the worker pool
     chunked = str(ROOT / "benchmarks" / "sweep_chunked.py")
     session.run("python", chunked, "--smoke", "--family", "affine", "--compile-workers", "2")

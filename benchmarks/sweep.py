@@ -2,15 +2,20 @@
 
 For each shape and dtype, every configuration of the grid (channels per program, tile elements, warps, and
 for few rows the chunked strategy with several chunk lengths; then the single-pass kernel's tiles, channels
-x steps x warps, which for the log family force its single pass in both directions) replaces the kernel's
-own plan for one ``linear_recurrence_fwd`` / ``log_recurrence_fwd`` call (forward, or forward + backward).
-Each result is checked against the call with the kernel's own plan, then timed (median of
-``triton.testing.do_bench``) and divided by the time of a device copy of the least bytes the call must move.
-Prints the best configurations per (shape, dtype) next to the kernel's own plan; ``--csv`` keeps every row.
+x steps x warps, which for the log family force its single pass in both directions; then the pipelined
+walk's tiles, channels x steps x warps x pipeline stages x channels per thread, for the k = 1 families)
+replaces the kernel's own plan for one call: ``linear_recurrence_fwd`` (family "linear"),
+``linear_scan_fwd`` (family "scan": the running product A is written too) or ``log_recurrence_fwd``
+(family "log"); forward, forward + backward through autograd, or (k = 1 families) the adjoint op alone
+("bwd", from stored forward outputs). Each result is checked against the call with the kernel's own plan,
+then timed (median of ``triton.testing.do_bench``) and divided by the time of a device copy of the least
+bytes the call must move. Prints the best configurations per (shape, dtype) next to the kernel's own plan;
+``--csv`` keeps every row.
 
 python benchmarks/sweep.py --family linear --csv out/sweep_linear.csv
 python benchmarks/sweep.py --family log --dtypes float32 --modes fwd,fwdbwd
 python benchmarks/sweep.py --family log --graph --compile-workers 8   # compile in 8 processes first
+python benchmarks/sweep.py --family scan --modes fwd,bwd --tile= --lookback-t= --walk-stages 3,4,6,8
 python benchmarks/sweep.py --smoke       # CPU, the Triton interpreter, two tiny configurations
 """
 
@@ -43,6 +48,23 @@ from mingru_triton._launch import num_sms
 SHAPES = "8x1024x1024,8x4096x1024,8x16384x1024,1x65536x256,1x8192x2048"
 Shape = tuple[int, int, int]
 FIELDS = ("family", "shape", "dtype", "mode", "config", "status", "ms", "x_floor", "max_err")
+FAMILIES = ("linear", "scan", "log")
+STREAMS = {
+    ("linear", "fwd"): 3,  # read a, b; write h
+    ("linear", "bwd"): 5,  # read a, h, dh; write da, db
+    ("scan", "fwd"): 4,  # read a, b; write A, Bc
+    ("scan", "bwd"): 7,  # read a, A, Bc, dA, dBc; write da, db
+    ("log", "fwd"): 3,
+    ("log", "bwd"): 5,
+}
+"""Tensors of (B, T, D) elements the call must read or write at the least, per (family, mode)."""
+
+
+def streams(family: str, mode: str) -> int:
+    """:data:`STREAMS` of (family, mode); forward + backward is the sum of the two."""
+    if mode == "fwdbwd":
+        return STREAMS[family, "fwd"] + STREAMS[family, "bwd"]
+    return STREAMS[family, mode]
 
 
 def _parse_ints(text: str) -> list[int]:
@@ -52,7 +74,7 @@ def _parse_ints(text: str) -> list[int]:
 def _inputs(family: str, shape: Shape, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
     gen = torch.Generator(device=device).manual_seed(0)
     batch, _, width = shape
-    if family == "linear":
+    if family in ("linear", "scan"):
         a = torch.rand(shape, device=device, generator=gen) * 0.5 + 0.5
         b = torch.randn(shape, device=device, generator=gen)
         h0 = torch.randn(batch, width, device=device, generator=gen)
@@ -60,11 +82,26 @@ def _inputs(family: str, shape: Shape, dtype: torch.dtype, device: torch.device)
         a = -F.softplus(torch.randn(shape, device=device, generator=gen))
         b = torch.randn(shape, device=device, generator=gen) - 1.0
         h0 = torch.rand(batch, width, device=device, generator=gen) + 0.1
-    return [x.to(dtype).requires_grad_() for x in (a, b, h0)]
+    tensors = (a, b) if family == "scan" else (a, b, h0)
+    return [x.to(dtype).requires_grad_() for x in tensors]
 
 
-def _op(family: str) -> Callable[..., Tensor]:
-    return linear.linear_recurrence_fwd if family == "linear" else log.log_recurrence_fwd
+def _op(family: str) -> Callable[..., Any]:
+    ops = {"linear": linear.linear_recurrence_fwd, "scan": linear.linear_scan_fwd}
+    return ops.get(family, log.log_recurrence_fwd)
+
+
+def _adjoint(family: str, inputs: list[Tensor], grad: Tensor) -> Callable[[], Any]:
+    """The adjoint op of a k = 1 family alone, from its forward outputs (computed here once)."""
+    x = [t.detach() for t in inputs]
+    if family == "linear":
+        a, _, h0 = x
+        h = linear.linear_recurrence_fwd(*x)
+        return lambda: linear.linear_recurrence_bwd(a, h0, h, grad)
+    if family == "scan":
+        A, Bc = linear.linear_scan_fwd(*x)
+        return lambda: linear.linear_scan_bwd(x[0], A, Bc, grad, grad)
+    raise ValueError(f"mode 'bwd' takes the families 'linear' and 'scan', got {family!r}")
 
 
 def _configs(
@@ -73,6 +110,8 @@ def _configs(
     """(label, plan) for every configuration of the grid that fits ``shape``."""
     batch, steps, width = shape
     sms = num_sms(device)
+    if family != "log":
+        yield from _walk_configs(args, shape)
     for block_d, elems, warps in itertools.product(args.block_d, args.tile, args.warps):
         block_t = elems // block_d
         if block_t < 1 or elems // (32 * warps) < 1 or block_d > triton.next_power_of_2(width):
@@ -84,11 +123,13 @@ def _configs(
         for strategy, chunk in strategies:
             n_chunks = triton.cdiv(steps, chunk)
             label = f"{strategy} d{block_d} t{block_t} w{warps}" + (f" c{chunk}" if n_chunks > 1 else "")
-            if family == "linear":
+            if family != "log":
                 plan: Any = linear.ScanPlan(strategy, block_t, block_d, 1, warps, chunk, n_chunks, d_blocks)
             else:
                 plan = log._Plan(strategy, block_t, block_d, warps, chunk, n_chunks)
             yield label, plan
+    if family == "scan":
+        return  # the single pass writes no running product
     for block_d, block_t, warps in itertools.product(args.lookback_d, args.lookback_t, args.lookback_w):
         if block_d > triton.next_power_of_2(width) or block_d * block_t < 32 * warps:
             continue
@@ -97,6 +138,27 @@ def _configs(
             f"lookback d{block_d} t{block_t} w{warps}",
             linear.ScanPlan("lookback", block_t, block_d, 1, warps, block_t, n_tiles, d_blocks),
         )
+
+
+def _walk_label(plan: linear.ScanPlan) -> str:
+    columns = plan.columns or "-"
+    return f"pipelined d{plan.block_j} t{plan.block_t} w{plan.num_warps} s{plan.num_stages} c{columns}"
+
+
+def _walk_configs(args: argparse.Namespace, shape: Shape) -> Iterator[tuple[str, Any]]:
+    """(label, plan) of the pipelined walk's tiles (k = 1 families); columns 0 is the compiler's choice,
+    else a thread's contiguous channels (on one warp, BLOCK_J = 32 x columns puts a channel in one thread)."""
+    _, steps, width = shape
+    grid = itertools.product(args.walk_d, args.walk_t, args.walk_w, args.walk_stages, args.walk_columns)
+    for block_d, block_t, warps, stages, columns in grid:
+        if block_d > triton.next_power_of_2(width) or block_d * block_t < 32 * warps:
+            continue
+        if columns and block_d % columns:
+            continue
+        plan = linear.ScanPlan(
+            "pipelined", block_t, block_d, 1, warps, steps, 1, triton.cdiv(width, block_d), stages, columns
+        )
+        yield _walk_label(plan), plan
 
 
 @contextlib.contextmanager
@@ -110,8 +172,8 @@ def _plan(family: str, plan: Any) -> Iterator[None]:
         with _plan("linear", plan), log.force_strategy("lookback"):
             yield
         return
-    module: Any = linear if family == "linear" else log
-    name = "_plan_for" if family == "linear" else "_device_plan"
+    module: Any = log if family == "log" else linear
+    name = "_device_plan" if family == "log" else "_plan_for"
     saved = getattr(module, name)
     setattr(module, name, lambda *_, **__: plan)
     try:
@@ -120,9 +182,21 @@ def _plan(family: str, plan: Any) -> Iterator[None]:
         setattr(module, name, saved)
 
 
-def _own_plan(family: str, x: Tensor) -> str:
-    if family == "linear":
-        p = linear._plan_for(x, 1, single_pass=True)  # the recurrence timed here needs no running product
+def _own_plan(family: str, x: Tensor, mode: str = "fwd") -> str:
+    if family in ("linear", "scan"):
+        # The recurrence needs no running product (the single pass may take it); the scan does.
+        single = family == "linear"
+        p = linear._plan_for(x, 1, single_pass=single, pipelined=True)
+        if mode != "fwd":
+            q = linear._plan_for(x, 1, single_pass=single, pipelined=True, backward=True)
+            label = _walk_label(q) if q.strategy == "pipelined" else f"{q.strategy} d{q.block_j} t{q.block_t}"
+            if mode == "bwd":
+                return label
+            if q != p:
+                fwd = _walk_label(p) if p.strategy == "pipelined" else f"{p.strategy} d{p.block_j}"
+                return f"{fwd} (adjoint: {label})"
+        if p.strategy == "pipelined":
+            return _walk_label(p)
         strategy, block_d, block_t, warps, chunk, n_chunks = (
             p.strategy,
             p.block_j,
@@ -271,13 +345,17 @@ class Sweep(Timer):
         op = _op(family)
         if mode == "fwd":
             return lambda: op(*(x.detach() for x in inputs))
+        if mode == "bwd":
+            return _adjoint(family, inputs, grad)
+        if family == "scan":
+            return lambda: torch.autograd.grad(op(*inputs), inputs, (grad, grad))
         return lambda: torch.autograd.grad(op(*inputs), inputs, grad)
 
     def configs(self, family: str, shape: Shape) -> list[tuple[str, Any]]:
         """The (label, plan) configurations timed for ``shape``."""
         configs = list(_configs(self.args, family, shape, self.device))
         if self.args.smoke:
-            configs = configs[:1] + configs[-1:]  # the first grid configuration and the last (lookback)
+            configs = configs[:1] + configs[-1:]  # the first configuration (a walk) and the last
         return configs
 
     def warm(self, family: str, shape: Shape, dtype: torch.dtype, mode: str, label: str) -> str:
@@ -300,11 +378,12 @@ class Sweep(Timer):
         fn = self.call(family, mode, inputs, grad)
         want = fn()
         want = [want] if isinstance(want, Tensor) else list(want)
-        nbytes = (3 if mode == "fwd" else 8) * inputs[0].numel() * inputs[0].element_size()
+        nbytes = streams(family, mode) * inputs[0].numel() * inputs[0].element_size()
         floor = self.floor_ms(nbytes)
         rows = []
         base = {"family": family, "shape": "x".join(map(str, shape)), "dtype": str(dtype)[6:], "mode": mode}
-        own = {**base, "config": "own: " + _own_plan(family, inputs[0]), "status": "ok", "max_err": 0.0}
+        own_label = _own_plan(family, inputs[0], mode)
+        own = {**base, "config": "own: " + own_label, "status": "ok", "max_err": 0.0}
         own_ms = self.time_ms(fn)
         rows.append({**own, "ms": own_ms, "x_floor": own_ms / floor})
         for label, plan in self.configs(family, shape):
@@ -314,10 +393,10 @@ class Sweep(Timer):
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", choices=("linear", "log"), default="linear")
+    parser.add_argument("--family", choices=FAMILIES, default="linear")
     parser.add_argument("--shapes", default=SHAPES, help="comma-separated BxTxD")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--modes", default="fwd", help="fwd,fwdbwd")
+    parser.add_argument("--modes", default="fwd", help="fwd,fwdbwd,bwd (bwd: the adjoint op alone, k = 1)")
     parser.add_argument("--block-d", type=_parse_ints, default=_parse_ints("8,16,32,64"))
     parser.add_argument("--tile", type=_parse_ints, default=_parse_ints("1024,2048,4096,8192"))
     parser.add_argument("--warps", type=_parse_ints, default=_parse_ints("1,2,4,8"))
@@ -340,16 +419,33 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=_parse_ints("1,2,4"),
         help="warps per tile of the single-pass configurations (more than one: the warps split the steps)",
     )
+    walk = {
+        "d": ("64", "channels per program"),
+        "t": ("32", "steps per tile"),
+        "w": ("1", "warps per program"),
+        "stages": ("4", "pipeline stages (tl.range num_stages)"),
+        "columns": ("2", "contiguous channels per thread (0: the compiler's choice)"),
+    }
+    for key, (default, what) in walk.items():
+        parser.add_argument(
+            f"--walk-{key}",
+            type=_parse_ints,
+            default=_parse_ints(default),
+            help=f"{what} of the pipelined walk's configurations (k = 1 families; empty: none)",
+        )
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.shapes, args.dtypes, args.block_d, args.tile, args.warps = "2x20x12", "float32", [8], [64], [1]
         args.chunks, args.lookback_d, args.lookback_t = [8], [16], [4]
+        args.walk_d, args.walk_t, args.walk_stages = [16], [4], [2]
     elif not torch.cuda.is_available():
         parser.error("the sweep times CUDA kernels: run it on a GPU, or pass --smoke")
     args.shapes = [run.parse_shape(s) for s in args.shapes.split(",")]
     args.dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     args.modes = args.modes.split(",")
+    if "bwd" in args.modes and args.family == "log":
+        parser.error("--modes bwd (the adjoint op alone) takes the families 'linear' and 'scan'")
     return args
 
 
