@@ -248,10 +248,11 @@ def test_pipelined_tiles_fold_or_not(columns: int, monkeypatch: pytest.MonkeyPat
 @marked(on_interpreter)
 def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
     """The pipelined walk with the heuristic's own tiles (no forced steps): forward 64 channels (the
-    second block mostly masked) x 32 steps with two channels per thread and the carry folded into a tile's
-    first step, backward 64 (or 32 for 2-byte types) channels x 64 steps, float32 with the carry folded;
-    seven tiles per row (four backward), the last partial. The same for the running product (A, Bc) and
-    its adjoint, whose 32-channel tiles leave the third channel block mostly masked."""
+    second block mostly masked) x 32 steps (64 for 2-byte types) with two channels per thread and the
+    carry folded into a tile's first step, backward 64 (or 32 for 2-byte types) channels x 64 steps,
+    float32 with the carry folded; seven tiles per row (four for 64 steps), the last partial. The same for
+    the running product (A, Bc) and its adjoint, whose 32-channel tiles leave the third channel block
+    mostly masked."""
     shape = (1, 200, 80)
     itemsize = torch.empty((), dtype=dtype).element_size()
     with linear.force_strategy("pipelined"):
@@ -259,8 +260,9 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
         bwd = linear.scan_plan(
             *shape, 1, itemsize, max_block_t=64, single_pass=True, pipelined=True, backward=True
         )
+        steps = 64 if itemsize == 2 else 32
         assert (fwd.strategy, fwd.block_j, fwd.block_t, fwd.num_warps, fwd.num_stages, fwd.columns) == (
-            "pipelined", 64, 32, 1, 4, 2)  # fmt: skip
+            "pipelined", 64, steps, 1, 4, 2)  # fmt: skip
         wide, columns = (32 if itemsize == 2 else 64), (4 if itemsize == 4 else 0)
         assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages, bwd.columns) == (
             "pipelined", wide, 64, 3, columns)  # fmt: skip
@@ -402,8 +404,9 @@ def test_pipelined_heuristic() -> None:
         assert (plan.num_chunks, plan.chunk, plan.num_jblocks) == (1, length, -(-dj // plan.block_j))
         return plan.strategy, plan.block_j, plan.block_t, plan.num_warps, plan.num_stages, plan.columns
 
+    assert walk(8, 4096, 1024, 4) == ("pipelined", 64, 32, 1, 4, 2)  # 128 chains for 132 SMs
+    assert walk(8, 4096, 1024, 2) == ("pipelined", 64, 64, 1, 4, 2)
     for itemsize in (4, 2):
-        assert walk(8, 4096, 1024, itemsize) == ("pipelined", 64, 32, 1, 4, 2)  # 128 chains for 132 SMs
         assert walk(8, 1024, 1024, itemsize)[0] == "pipelined"
     assert walk(8, 4096, 1024, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 4)
     assert walk(8, 4096, 1024, 2, backward=True) == ("pipelined", 32, 128, 4, 3, 0)  # 256 chains of 32 <= 264
@@ -424,14 +427,13 @@ def test_pipelined_heuristic() -> None:
     assert linear.scan_plan(8, 4096, 1024, 1, 4).strategy == "sequential"  # running product, no walk asked
     # the running product (linear_scan_fwd / _bwd): one warp forward, two value columns backward
     for itemsize in (4, 2):
-        assert walk(8, 4096, 1024, itemsize, x=True) == ("pipelined", 64, 32, 1, 3, 2)
-    assert walk(8, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 32, 128, 4, 2, 0)
-    assert walk(8, 4096, 1024, 2, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
+        assert walk(8, 4096, 1024, itemsize, x=True) == ("pipelined", 64, 32, 1, 4, 2)
+        assert walk(8, 4096, 1024, itemsize, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
     assert walk(4, 4096, 1024, 4, x=True) == ("sequential",)  # 64 chains; no single pass for X
     with linear.force_strategy("pipelined"):
         assert linear.scan_plan(8, 4096, 1024, 4, 4, pipelined=True).strategy == "sequential"  # v > 1
         assert walk(1, 8, 3, 8)[:3] == ("pipelined", 4, 32)
-        assert walk(1, 8, 3, 4, backward=True, x=True)[:3] == ("pipelined", 4, 128)
+        assert walk(1, 8, 3, 4, backward=True, x=True)[:3] == ("pipelined", 4, 64)
     with linear.force_strategy("pipelined", None, 8):
         assert walk(8, 4096, 1024, 4)[2] == 8
     assert (
