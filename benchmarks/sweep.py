@@ -182,46 +182,32 @@ def _plan(family: str, plan: Any) -> Iterator[None]:
         setattr(module, name, saved)
 
 
+def _linear_label(plan: linear.ScanPlan) -> str:
+    """The label of a k = 1 plan, as the sweep's configurations are labelled."""
+    if plan.strategy == "pipelined":
+        return _walk_label(plan)
+    chunk = f" c{plan.chunk}" if plan.strategy == "chunked" else ""
+    return f"{plan.strategy} d{plan.block_j} t{plan.block_t} w{plan.num_warps}{chunk}"
+
+
 def _own_plan(family: str, x: Tensor, mode: str = "fwd") -> str:
     if family in ("linear", "scan"):
         # The recurrence needs no running product (the single pass may take it); the scan does.
         single = family == "linear"
-        p = linear._plan_for(x, 1, single_pass=single, pipelined=True)
-        if mode != "fwd":
-            q = linear._plan_for(x, 1, single_pass=single, pipelined=True, backward=True)
-            label = _walk_label(q) if q.strategy == "pipelined" else f"{q.strategy} d{q.block_j} t{q.block_t}"
-            if mode == "bwd":
-                return label
-            if q != p:
-                fwd = _walk_label(p) if p.strategy == "pipelined" else f"{p.strategy} d{p.block_j}"
-                return f"{fwd} (adjoint: {label})"
-        if p.strategy == "pipelined":
-            return _walk_label(p)
-        strategy, block_d, block_t, warps, chunk, n_chunks = (
-            p.strategy,
-            p.block_j,
-            p.block_t,
-            p.num_warps,
-            p.chunk,
-            p.num_chunks,
-        )
-    else:
-        single = log._single_pass_plan(x, min_length=log.LOOKBACK_FORWARD_MIN_LENGTH)
-        if single is not None:
-            return f"lookback d{single.block_j} t{single.block_t} w{single.num_warps}"
-        q = log._device_plan(x)
-        strategy, block_d, block_t, warps, chunk, n_chunks = (
-            q.strategy,
-            q.block_d,
-            q.block_t,
-            q.num_warps,
-            q.chunk,
-            q.n_chunks,
-        )
-        if log._single_pass_plan(x) is not None:
-            chunk_label = f" c{chunk}" if n_chunks > 1 else ""
-            return f"{strategy} d{block_d} t{block_t} w{warps}{chunk_label} (adjoint: lookback)"
-    return f"{strategy} d{block_d} t{block_t} w{warps}" + (f" c{chunk}" if n_chunks > 1 else "")
+        fwd = linear._plan_for(x, 1, single_pass=single, pipelined=True)
+        bwd = linear._plan_for(x, 1, single_pass=single, pipelined=True, backward=True)
+        if mode == "bwd":
+            return _linear_label(bwd)
+        if mode == "fwdbwd" and bwd != fwd:
+            return f"{_linear_label(fwd)} (adjoint: {_linear_label(bwd)})"
+        return _linear_label(fwd)
+    single = log._single_pass_plan(x, min_length=log.LOOKBACK_FORWARD_MIN_LENGTH)
+    if single is not None:
+        return f"lookback d{single.block_j} t{single.block_t} w{single.num_warps}"
+    q = log._device_plan(x)
+    chunk = f" c{q.chunk}" if q.n_chunks > 1 else ""
+    label = f"{q.strategy} d{q.block_d} t{q.block_t} w{q.num_warps}{chunk}"
+    return label + (" (adjoint: lookback)" if log._single_pass_plan(x) is not None else "")
 
 
 def _rel_err(got: Tensor, want: Tensor) -> float:
