@@ -108,3 +108,16 @@ def test_state_on_the_wrong_shape_is_named():
         ValueError, match=r"H0 must have shape \(B, n, k, v\) = \(1, 1, 2, 3\), got \(1, 1, 3, 2\)"
     ):
         diag_recurrence(torch.zeros(1, 4, 1, 2), torch.zeros(1, 4, 1, 2, 3), torch.zeros(1, 1, 3, 2))
+
+
+def test_safe_log_under_torch_func_transforms():
+    """The log of the initial state: log(x) for x > 0, -inf elsewhere; gradient 1/x or 0, also inside
+    torch.func.grad and vmap (its autograd Function keeps forward and setup_context apart)."""
+    from mingru.scans.log import safe_log
+
+    x = torch.tensor([2.0, 0.5, 0.0, -3.0], dtype=torch.float64)
+    grad = torch.func.grad(lambda t: safe_log(t).clamp(min=-10).sum())(x)
+    torch.testing.assert_close(grad, torch.tensor([0.5, 2.0, 0.0, 0.0], dtype=torch.float64))
+    batched = torch.func.vmap(safe_log)(x.view(2, 2))
+    torch.testing.assert_close(batched, safe_log(x).view(2, 2))
+    assert torch.isneginf(batched[1]).all()

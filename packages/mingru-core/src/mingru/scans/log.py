@@ -112,10 +112,16 @@ def parallel_scan_log_ref(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
 
 
 class _SafeLog(torch.autograd.Function):
+    # forward and setup_context apart, so that torch.func transforms (vjp, grad, vmap) accept it
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
+    def forward(x: Tensor) -> Tensor:
         return torch.where(x > 0, x, torch.zeros_like(x)).log()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor], output: Tensor) -> None:
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
