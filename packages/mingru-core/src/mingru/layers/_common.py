@@ -14,9 +14,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mingru.layers._recompute import chunked_forward
 from mingru.min_gru import linear_recurrence, log_recurrence
 
 MODES = ("log", "linear")
+RECOMPUTE_CHUNK_BYTES = 32 * 2**20
+"""With ``recompute=True`` and no ``chunk_len``: the bytes of projections and states one chunk may hold."""
+MIN_CHUNK_LEN = 64
 
 
 def check_positive_int(owner: str, name: str, value: object) -> int:
@@ -67,11 +71,37 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
 class RecurrentLayer(nn.Module):
     """Base class: input/state validation and the ``forward`` / ``step`` / ``init_state`` contract.
 
-    Subclasses set ``self.dim`` and implement ``state_shape`` (per example), ``_forward(x, h0)`` and
-    ``_step(x_t, h)``; ``h0`` and ``h`` arrive validated and in the state dtype (``h0`` is None for zeros).
+    Subclasses set ``self.dim`` and ``self.proj_in`` (the input projection), call ``_init_recompute`` and
+    implement ``state_shape`` (per example), ``_forward(x, h0)`` and ``_step(x_t, h)``; ``h0`` and ``h``
+    arrive validated and in the state dtype (``h0`` is None for zeros).
     """
 
     dim: int
+    proj_in: nn.Linear
+    recompute: bool = False
+    chunk_len: int | None = None
+
+    def _init_recompute(self, owner: str, recompute: object, chunk_len: object) -> None:
+        """Validate and keep ``recompute`` (a bool) and ``chunk_len`` (None or an int > 0, with recompute)."""
+        self.recompute = check_bool(owner, "recompute", recompute)
+        if chunk_len is not None:
+            self.chunk_len = check_positive_int(owner, "chunk_len", chunk_len)
+            if not recompute:
+                raise ValueError(
+                    f"{owner}: chunk_len applies only with recompute=True; got chunk_len={chunk_len}, "
+                    "recompute=False"
+                )
+
+    def recompute_chunk_len(self, batch: int, dtype: torch.dtype = torch.float32) -> int:
+        """Steps per chunk under ``recompute=True``: ``chunk_len`` if set, else the most steps (a multiple of
+        64, at least 64) whose projections and states, ``batch * steps * (proj_in.out_features +
+        prod(state_shape))`` elements of the state dtype, fit in ``RECOMPUTE_CHUNK_BYTES``."""
+        if self.chunk_len is not None:
+            return self.chunk_len
+        width = self.proj_in.out_features + math.prod(self.state_shape)
+        step_bytes = max(1, batch) * width * state_dtype(dtype).itemsize
+        steps = RECOMPUTE_CHUNK_BYTES // step_bytes
+        return max(MIN_CHUNK_LEN, steps - steps % MIN_CHUNK_LEN)
 
     @property
     def state_shape(self) -> tuple[int, ...]:
@@ -96,6 +126,8 @@ class RecurrentLayer(nn.Module):
         Returns:
             ``(y, final_state)``: ``y`` is ``(B, T, dim)`` in ``x.dtype``; ``final_state`` is
             ``(B, *state_shape)`` in float32 (float64 for float64 ``x``). ``T == 0`` returns ``state``.
+            With ``recompute=True`` the same values come from chunks of ``recompute_chunk_len`` steps, of
+            which autograd keeps only the initial states (``mingru.layers._recompute``).
 
         Raises:
             ValueError: wrong rank, width or dtype of ``x``; wrong shape or device of ``state``.
@@ -105,6 +137,8 @@ class RecurrentLayer(nn.Module):
         if x.shape[1] == 0:
             final = h0 if h0 is not None else self.init_state(x.shape[0], x.device, state_dtype(x.dtype))
             return x.new_zeros(x.shape), final
+        if self.recompute:
+            return chunked_forward(self, x, h0, self.recompute_chunk_len(x.shape[0], x.dtype))
         return self._forward(x, h0)
 
     def step(self, x_t: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -204,9 +238,19 @@ class ScalarGatedLayer(RecurrentLayer):
     dtype) to ``(log a, log b)`` for ``mode="log"`` and to ``(a, b)`` for ``mode="linear"``.
     """
 
-    def __init__(self, dim: int, expansion: float, mode: str, bias: bool, branches: int) -> None:
+    def __init__(
+        self,
+        dim: int,
+        expansion: float,
+        mode: str,
+        bias: bool,
+        branches: int,
+        recompute: bool = False,
+        chunk_len: int | None = None,
+    ) -> None:
         super().__init__()
         owner = type(self).__name__
+        self._init_recompute(owner, recompute, chunk_len)
         self.dim = check_positive_int(owner, "dim", dim)
         self.hidden = hidden_width(owner, dim, expansion)
         self.mode = check_choice(owner, "mode", mode, MODES)
@@ -255,10 +299,18 @@ class MatrixStateLayer(RecurrentLayer):
     """
 
     def __init__(
-        self, dim: int, heads: int, head_dim: int, value_dim: int | None, transition_width: int
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        value_dim: int | None,
+        transition_width: int,
+        recompute: bool = False,
+        chunk_len: int | None = None,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
+        self._init_recompute(owner, recompute, chunk_len)
         self.dim = check_positive_int(owner, "dim", dim)
         self.heads = check_positive_int(owner, "heads", heads)
         self.head_dim = check_positive_int(owner, "head_dim", head_dim)

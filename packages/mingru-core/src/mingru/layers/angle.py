@@ -30,10 +30,13 @@ class MinGRUAngle(RecurrentLayer):
         use_scale: multiply by ``scale_t = tanh(Lu x_t)``.
         use_decay: multiply by ``gamma_t = exp(-lambda * dt_t)``.
         reflect: let the layout include reflections (sign flips) before the rotations.
+        recompute: keep only the input and one state per chunk of time steps for the backward, and recompute
+            each chunk's projections, gates and scan there (less memory, one more input projection).
+        chunk_len: steps per chunk with ``recompute=True`` (default: ``recompute_chunk_len``).
 
     Raises:
         ValueError: a non-positive or odd ``head_dim``, a non-positive ``heads`` / ``rotation_layers``,
-            a non-bool flag, or an invalid rotation layout.
+            a non-bool flag, an invalid rotation layout, or ``chunk_len`` without ``recompute``.
     """
 
     perm: Tensor
@@ -50,9 +53,12 @@ class MinGRUAngle(RecurrentLayer):
         use_scale: bool = True,
         use_decay: bool = True,
         reflect: bool = False,
+        recompute: bool = False,
+        chunk_len: int | None = None,
     ) -> None:
         super().__init__()
         owner = "MinGRUAngle"
+        self._init_recompute(owner, recompute, chunk_len)
         self.dim = check_positive_int(owner, "dim", dim)
         self.heads = check_positive_int(owner, "heads", heads)
         self.head_dim = check_positive_int(owner, "head_dim", head_dim)

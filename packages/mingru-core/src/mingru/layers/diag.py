@@ -22,13 +22,26 @@ class MinGRUDiag(MatrixStateLayer):
         heads: number of heads n.
         head_dim: k, the key size (one decay per key channel).
         value_dim: v, the value size (default ``head_dim``).
+        recompute: keep only the input and one state per chunk of time steps for the backward, and recompute
+            each chunk's projections, gates and scan there (less memory, one more input projection).
+        chunk_len: steps per chunk with ``recompute=True`` (default: ``recompute_chunk_len``).
 
     Raises:
-        ValueError: an argument that is not a positive int.
+        ValueError: an argument that is not a positive int (``recompute``: not a bool; ``chunk_len``
+            without ``recompute``).
     """
 
-    def __init__(self, dim: int, *, heads: int = 4, head_dim: int = 8, value_dim: int | None = None) -> None:
-        super().__init__(dim, heads, head_dim, value_dim, transition_width=head_dim)
+    def __init__(
+        self,
+        dim: int,
+        *,
+        heads: int = 4,
+        head_dim: int = 8,
+        value_dim: int | None = None,
+        recompute: bool = False,
+        chunk_len: int | None = None,
+    ) -> None:
+        super().__init__(dim, heads, head_dim, value_dim, head_dim, recompute=recompute, chunk_len=chunk_len)
 
     def _transition(self, transition: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         a = torch.sigmoid(transition)

@@ -23,9 +23,13 @@ class MinGRU(ScalarGatedLayer):
         mode: ``"log"`` or ``"linear"``.
         negative_gates: use ``a = 1 - 2z`` (``mode="linear"`` only).
         bias: add biases to the projections.
+        recompute: keep only the input and one state per chunk of time steps for the backward, and recompute
+            each chunk's projections, gates and scan there (less memory, one more input projection).
+        chunk_len: steps per chunk with ``recompute=True`` (default: ``recompute_chunk_len``).
 
     Raises:
-        ValueError: an argument of the wrong type or out of range, or ``negative_gates`` with ``mode="log"``.
+        ValueError: an argument of the wrong type or out of range, ``negative_gates`` with ``mode="log"``, or
+            ``chunk_len`` without ``recompute``.
     """
 
     def __init__(
@@ -36,8 +40,10 @@ class MinGRU(ScalarGatedLayer):
         mode: str = "log",
         negative_gates: bool = False,
         bias: bool = True,
+        recompute: bool = False,
+        chunk_len: int | None = None,
     ) -> None:
-        super().__init__(dim, expansion, mode, bias, branches=2)
+        super().__init__(dim, expansion, mode, bias, branches=2, recompute=recompute, chunk_len=chunk_len)
         self.negative_gates = check_bool("MinGRU", "negative_gates", negative_gates)
         if negative_gates and self.mode != "linear":
             raise ValueError(f"MinGRU: negative_gates=True requires mode='linear'; got mode={self.mode!r}")

@@ -22,13 +22,25 @@ class MinLSTM(ScalarGatedLayer):
         expansion: hidden width factor, > 0; an output Linear is added when ``round(dim * expansion) != dim``.
         mode: ``"log"`` or ``"linear"``.
         bias: add biases to the projections.
+        recompute: keep only the input and one state per chunk of time steps for the backward, and recompute
+            each chunk's projections, gates and scan there (less memory, one more input projection).
+        chunk_len: steps per chunk with ``recompute=True`` (default: ``recompute_chunk_len``).
 
     Raises:
-        ValueError: an argument of the wrong type or out of range.
+        ValueError: an argument of the wrong type or out of range, or ``chunk_len`` without ``recompute``.
     """
 
-    def __init__(self, dim: int, *, expansion: float = 1.0, mode: str = "log", bias: bool = True) -> None:
-        super().__init__(dim, expansion, mode, bias, branches=3)
+    def __init__(
+        self,
+        dim: int,
+        *,
+        expansion: float = 1.0,
+        mode: str = "log",
+        bias: bool = True,
+        recompute: bool = False,
+        chunk_len: int | None = None,
+    ) -> None:
+        super().__init__(dim, expansion, mode, bias, branches=3, recompute=recompute, chunk_len=chunk_len)
 
     @staticmethod
     def _gate_difference(pre: Tensor) -> tuple[Tensor, Tensor]:
