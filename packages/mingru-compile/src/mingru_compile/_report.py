@@ -38,11 +38,16 @@ def target_name(target: Any) -> str:
 
 
 def _graph_targets(graphs: Iterable[fx.GraphModule]) -> collections.Counter[str]:
+    """Operator counts over the graphs and the subgraphs they hold (the bodies of higher-order ops such as
+    ``torch.utils.checkpoint`` regions and autograd Functions, which Dynamo keeps as submodules)."""
     counts: collections.Counter[str] = collections.Counter()
     for gm in graphs:
-        for node in gm.graph.nodes:
-            if node.op == "call_function":
-                counts[target_name(node.target)] += 1
+        for module in gm.modules():
+            if not isinstance(module, fx.GraphModule):
+                continue
+            for node in module.graph.nodes:
+                if node.op == "call_function":
+                    counts[target_name(node.target)] += 1
     return counts
 
 
@@ -77,7 +82,8 @@ class CompileReport:
     backward_graphs: list[fx.GraphModule] = field(repr=False)
 
     def targets(self, which: str = "dynamo") -> collections.Counter[str]:
-        """How often each operator is called in the ``which`` graphs: "dynamo", "forward" or "backward"."""
+        """How often each operator is called in the ``which`` graphs ("dynamo", "forward" or "backward"),
+        their nested subgraphs included."""
         graphs = {
             "dynamo": self.dynamo_graphs,
             "forward": self.forward_graphs,
