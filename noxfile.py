@@ -204,6 +204,7 @@ def bench_smoke(session: nox.Session) -> None:
     session.run("python", chunked, "--smoke", "--family", "angle", "--modes", "fwd")
     session.run("python", str(ROOT / "benchmarks" / "overhead.py"), "--smoke")
     session.run("python", str(ROOT / "benchmarks" / "strategies.py"), "--smoke")
+    session.run("python", str(ROOT / "benchmarks" / "layer_memory.py"), "--smoke", "--dtypes", "float32")
 
 
 @nox.session

@@ -387,6 +387,20 @@ LAYER_IMPLS = (
         note="mode='linear', no biases",
     ),
     Impl(
+        "mingru MinGRU(log, recompute)",
+        _layer_fn,
+        ours=True,
+        layer=lambda dim: mingru.MinGRU(dim, bias=False, recompute=True),
+        note="mode='log', no biases, recompute=True (default chunk length)",
+    ),
+    Impl(
+        "mingru MinGRU(linear, recompute)",
+        _layer_fn,
+        ours=True,
+        layer=lambda dim: mingru.MinGRU(dim, mode="linear", bias=False, recompute=True),
+        note="mode='linear', no biases, recompute=True (default chunk length)",
+    ),
+    Impl(
         "minGRU-pytorch minGRU",
         _layer_fn,
         package="minGRU-pytorch",
