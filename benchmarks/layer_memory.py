@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gc
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 if "--smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import run
 import torch
 from torch import Tensor
 
@@ -39,41 +37,9 @@ import mingru
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_ms(fn: Callable[[], Any], device: torch.device, rep: float, warmup: float) -> float:
-    """The median of ``triton.testing.do_bench`` on CUDA; on the CPU (smoke) the mean of three calls."""
-    if device.type == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-    start = time.perf_counter()
-    for _ in range(3):
-        fn()
-    return (time.perf_counter() - start) / 3 * 1e3
-
-
-def peak_bytes(fn: Callable[[], Any], device: torch.device) -> int | None:
-    """Bytes allocated during one call beyond what was allocated before it (None off CUDA)."""
-    if device.type != "cuda":
-        return None
-    gc.collect()
-    _sync(device)
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    out = fn()
-    _sync(device)
-    peak = torch.cuda.max_memory_allocated() - before
-    del out
-    return peak
-
-
-def _nbytes(*tensors: Tensor) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+def _median_ms(fn: Any, args: argparse.Namespace) -> float:
+    """``run.median_ms``: ``do_bench``'s median on CUDA; on the CPU (smoke) the median of three calls."""
+    return run.median_ms(fn, cuda=args.device == "cuda", warmup=args.warmup, rep=args.rep)
 
 
 def step_rows(
@@ -88,10 +54,10 @@ def step_rows(
     torch.manual_seed(0)
     plain = mingru.MinGRU(dim, mode=mode, bias=False).to(device=device, dtype=dtype)
     weight = plain.proj_in.weight
-    least = 4 * _nbytes(x) + 2 * _nbytes(weight)  # x, y, their gradients; the weight and its gradient
-    base = 2 * _nbytes(x) + _nbytes(weight)  # allocated before the step: x, grad_y, the weight
+    least = 4 * x.nbytes + 2 * weight.nbytes  # x, y, their gradients; the weight and its gradient
+    base = 2 * x.nbytes + weight.nbytes  # allocated before the step: x, grad_y, the weight
 
-    configs: list[tuple[str, torch.nn.Module | None, int | None]] = [("single pass", plain, None)]
+    configs: list[tuple[str, torch.nn.Module, int | None]] = [("single pass", plain, None)]
     for chunk in chunks:
         chunk_len = None if chunk == "auto" else int(chunk)
         lean = mingru.MinGRU(dim, mode=mode, bias=False, recompute=True, chunk_len=chunk_len)
@@ -102,8 +68,7 @@ def step_rows(
     rows = []
     reference: list[Tensor] | None = None
     for label, layer, chunk_len in configs:
-        assert layer is not None
-        params = list(layer.parameters())
+        params: list[Tensor] = list(layer.parameters())
 
         def step(layer: torch.nn.Module = layer, params: list[Tensor] = params) -> Any:
             return torch.autograd.grad(layer(x)[0], [x, *params], grad_y)
@@ -116,8 +81,8 @@ def step_rows(
             for g, r in zip(grads, reference, strict=True)
         )
         del grads
-        ms = time_ms(step, device, args.rep, args.warmup)
-        peak = peak_bytes(step, device)
+        ms = _median_ms(step, args)
+        peak = run.peak_bytes(step, cuda=device.type == "cuda")
         rows.append(
             {
                 "config": label,
@@ -138,7 +103,7 @@ def step_rows(
                 flat @ weight.detach().t()
             return grad_pre @ weight.detach(), grad_pre.t() @ flat
 
-        rows.append({"config": label, "ms": time_ms(products, device, args.rep, args.warmup)})
+        rows.append({"config": label, "ms": _median_ms(products, args)})
     for row in rows:
         row.update(shape="x".join(map(str, shape)), dtype=str(dtype).removeprefix("torch."), mode=mode)
     return rows
@@ -201,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--modes", default="log,linear")
     parser.add_argument("--chunks", default="auto,128,256,512,1024", help="chunk lengths; auto: the default")
-    parser.add_argument("--rep", type=float, default=100.0, help="do_bench rep in ms")
-    parser.add_argument("--warmup", type=float, default=25.0, help="do_bench warmup in ms")
+    parser.add_argument("--rep", type=int, default=100, help="do_bench rep in ms")
+    parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup in ms")
     parser.add_argument("--csv", type=Path, default=None, help="append the rows to this CSV")
     parser.add_argument("--smoke", action="store_true", help="CPU, 2x48x16, chunks auto,16: that it runs")
     parser.add_argument("--plot", type=Path, default=None, help="draw time against memory into this PNG")
@@ -220,16 +185,17 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             parser.error("needs a CUDA device (or --smoke)")
         args.device = "cuda"
-    shape = tuple(int(n) for n in args.shape.split("x"))
-    if len(shape) != 3:
-        parser.error(f"--shape must be BxTxDIM; got {args.shape!r}")
+    try:
+        shape = run.parse_shape(args.shape)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"--shape: {exc}")
     unknown = set(args.dtypes.split(",")) - set(DTYPES)
     if unknown:
         parser.error(f"--dtypes must be among {sorted(DTYPES)}; got {sorted(unknown)}")
     rows = []
     for name in args.dtypes.split(","):
         for mode in args.modes.split(","):
-            rows += step_rows(shape, DTYPES[name], mode, args.chunks.split(","), args)  # type: ignore[arg-type]
+            rows += step_rows(shape, DTYPES[name], mode, args.chunks.split(","), args)
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"{device}, torch {torch.__version__}, mingru {mingru.__version__}")
     print("| shape | dtype | mode | config | chunk_len | ms | mem x least | error vs single pass |")

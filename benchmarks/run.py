@@ -83,6 +83,22 @@ def median_ms(fn: Callable[[], Any], *, cuda: bool, warmup: int, rep: int, tries
     return statistics.median(times)
 
 
+def peak_bytes(fn: Callable[[], Any], *, cuda: bool) -> int | None:
+    """Bytes allocated during one call of ``fn`` beyond what was allocated before it (None off CUDA)."""
+    if not cuda:
+        return None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak
+
+
 def parse_shape(text: str) -> tuple[int, int, int]:
     """A "BxTxD" command-line shape."""
     parts = tuple(int(item) for item in text.lower().split("x"))
@@ -196,19 +212,7 @@ class Runner:
         return out, time.perf_counter() - start
 
     def peak_bytes(self, fn: Callable[[], Any]) -> int | None:
-        """Bytes allocated during one call beyond what was allocated before it (None off CUDA)."""
-        if not self.cuda:
-            return None
-        gc.collect()
-        self.sync()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        out = fn()
-        self.sync()
-        peak = torch.cuda.max_memory_allocated() - before
-        del out
-        return peak
+        return peak_bytes(fn, cuda=self.cuda)
 
     # ------------------------------------------------------------------------------------- callables
 
