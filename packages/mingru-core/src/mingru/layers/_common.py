@@ -294,17 +294,18 @@ class MatrixStateLayer(RecurrentLayer):
 
     One input projection gives, per head, ``transition_width`` transition pre-activations, a query and a
     key (``k`` each) and a value (``v``); the read-out ``y_head = q_t^T H_t`` of all heads is concatenated
-    and mapped back to ``dim`` by an output Linear. Subclasses build ``(transition, B_t)``, run the scan and
-    apply one transition in ``step``.
+    and mapped back to ``dim`` by an output Linear. Subclasses give ``_transition_width(k)``, build
+    ``(transition, B_t)``, run the scan and apply one transition in ``step``; their class docstrings describe
+    the constructor's arguments.
     """
 
     def __init__(
         self,
         dim: int,
-        heads: int,
-        head_dim: int,
-        value_dim: int | None,
-        transition_width: int,
+        *,
+        heads: int = 4,
+        head_dim: int = 8,
+        value_dim: int | None = None,
         recompute: bool = False,
         chunk_len: int | None = None,
     ) -> None:
@@ -316,9 +317,18 @@ class MatrixStateLayer(RecurrentLayer):
         self.head_dim = check_positive_int(owner, "head_dim", head_dim)
         self.value_dim = head_dim if value_dim is None else check_positive_int(owner, "value_dim", value_dim)
         k, v = self.head_dim, self.value_dim
-        self._split_sizes = (transition_width, k, k, v)
+        self._split_sizes = (self._transition_width(k), k, k, v)
         self.proj_in = nn.Linear(dim, heads * sum(self._split_sizes))
         self.proj_out = nn.Linear(heads * v, dim)
+        self._init_transition()
+
+    @staticmethod
+    def _transition_width(k: int) -> int:
+        """Transition pre-activations per head for state size ``k``."""
+        raise NotImplementedError
+
+    def _init_transition(self) -> None:
+        """Set the transition's initial parameters after the projections are built (default: as built)."""
 
     @property
     def state_shape(self) -> tuple[int, ...]:

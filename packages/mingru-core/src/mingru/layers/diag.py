@@ -31,17 +31,9 @@ class MinGRUDiag(MatrixStateLayer):
             without ``recompute``).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        heads: int = 4,
-        head_dim: int = 8,
-        value_dim: int | None = None,
-        recompute: bool = False,
-        chunk_len: int | None = None,
-    ) -> None:
-        super().__init__(dim, heads, head_dim, value_dim, head_dim, recompute=recompute, chunk_len=chunk_len)
+    @staticmethod
+    def _transition_width(k: int) -> int:
+        return k  # one decay per key channel
 
     def _transition(self, transition: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         a = torch.sigmoid(transition)

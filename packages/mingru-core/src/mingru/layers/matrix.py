@@ -34,19 +34,11 @@ class MinGRUMatrix(MatrixStateLayer):
             without ``recompute``).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        heads: int = 4,
-        head_dim: int = 8,
-        value_dim: int | None = None,
-        recompute: bool = False,
-        chunk_len: int | None = None,
-    ) -> None:
-        super().__init__(
-            dim, heads, head_dim, value_dim, head_dim * head_dim + 1, recompute=recompute, chunk_len=chunk_len
-        )
+    @staticmethod
+    def _transition_width(k: int) -> int:
+        return k * k + 1  # the matrix M and the gate's pre-activation
+
+    def _init_transition(self) -> None:
         k = self.head_dim
         with torch.no_grad():
             self.proj_in.bias.view(self.heads, -1)[:, : k * k] = torch.eye(k).flatten()
