@@ -35,7 +35,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 import mingru_triton
-from mingru_triton.samples import BACKWARD_OPS, FORWARD_OPS, OP_NAMES, OUTPUT_LIKE, sample_inputs
+from mingru_triton.samples import BACKWARD_OPS, FORWARD_OPS, OP_NAMES, OUTPUT_LIKE, output_like, sample_inputs
 
 pytestmark = pytest.mark.compile
 CUDA_RUNTIME = torch.cuda.is_available()
@@ -66,10 +66,9 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def _assert_like(name: str, outputs: Any, args: tuple[Any, ...]) -> None:
     outs = outputs if isinstance(outputs, tuple) else (outputs,)
     assert len(outs) == len(OUTPUT_LIKE[name]), (name, len(outs))
-    for i, (out, source) in enumerate(zip(outs, OUTPUT_LIKE[name], strict=True)):
-        like = args[source]
+    for i, (out, (shape, dtype, _)) in enumerate(zip(outs, output_like(name, args), strict=True)):
         got = (tuple(out.shape), out.dtype, out.device.type, out.stride())
-        want = (tuple(like.shape), like.dtype, "cuda", _contiguous_strides(tuple(like.shape)))
+        want = (shape, dtype, "cuda", _contiguous_strides(shape))
         assert got == want, f"{name} output {i}: (shape, dtype, device, stride) {got}, expected {want}"
 
 

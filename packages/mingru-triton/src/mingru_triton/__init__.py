@@ -2,11 +2,13 @@
 
 - :func:`available`: whether the kernels can run here (``True``) or why not (a reason string).
 - ``SCAN_IMPLS``: the four kernel entry points core's dispatch calls ("log", "linear", "affine", "diag");
-  ``RECURRENCE_IMPLS``: the layers' fused-initial-state path; :func:`angle_scan_impl`: the angle kernel.
+  ``RECURRENCE_IMPLS``: the layers' fused-initial-state path; ``GATED_IMPLS``: MinGRU's and MinLSTM's
+  gates fused into the scan; :func:`angle_scan_impl`: the angle kernel.
 - The ``torch.library`` ops (namespace ``mingru``), forward and backward of every scan, differentiable and
   traceable by ``torch.compile``: ``linear_scan_fwd``/``_bwd``, ``parallel_scan_log_fwd``/``_bwd``,
   ``affine_scan_fwd``/``_bwd``, ``diag_scan_fwd``/``_bwd``, ``angle_scan_fwd``/``_bwd``, and the
-  ``*_recurrence_fwd``/``_bwd`` variants with the initial state fused.
+  ``*_recurrence_fwd``/``_bwd`` variants with the initial state fused, and ``gated_recurrence_fwd``/``_bwd``
+  (MinGRU's and MinLSTM's gates and scan in one kernel).
 
 The kernels need ``triton``; where it does not import, this module still imports with empty registries and
 ``available()`` says why.
@@ -39,6 +41,8 @@ SCAN_IMPLS: dict[str, Callable[..., Any]] = {}
 """Kernel entry points by scan op name ("log", "linear", "affine", "diag"); empty where triton is absent."""
 RECURRENCE_IMPLS: dict[str, Callable[..., Any]] = {}
 """Fused-initial-state kernels ``(coefficients, values, h0) -> states``; empty where triton is absent."""
+GATED_IMPLS: dict[str, Callable[..., Any]] = {}
+"""MinGRU/MinLSTM kernels with the gates fused, ``(pre, h0) -> states or None``; empty without triton."""
 
 if _triton_import_error() is None:
     # `name as name`: explicit re-exports (the names are listed in __all__ below)
@@ -52,6 +56,9 @@ if _triton_import_error() is None:
     from mingru_triton.diag import diag_recurrence_fwd as diag_recurrence_fwd
     from mingru_triton.diag import diag_scan_bwd as diag_scan_bwd
     from mingru_triton.diag import diag_scan_fwd as diag_scan_fwd
+    from mingru_triton.gated import gated_recurrence_bwd as gated_recurrence_bwd
+    from mingru_triton.gated import gated_recurrence_fwd as gated_recurrence_fwd
+    from mingru_triton.impls import GATED_IMPLS as _GATED_IMPLS
     from mingru_triton.impls import RECURRENCE_IMPLS as _RECURRENCE_IMPLS
     from mingru_triton.impls import SCAN_IMPLS as _SCAN_IMPLS
     from mingru_triton.impls import angle_scan_impl as angle_scan_impl
@@ -66,6 +73,7 @@ if _triton_import_error() is None:
 
     SCAN_IMPLS.update(_SCAN_IMPLS)
     RECURRENCE_IMPLS.update(_RECURRENCE_IMPLS)
+    GATED_IMPLS.update(_GATED_IMPLS)
     _KERNEL_NAMES: tuple[str, ...] = (
         "affine_recurrence_bwd",
         "affine_recurrence_fwd",
@@ -78,6 +86,8 @@ if _triton_import_error() is None:
         "diag_recurrence_fwd",
         "diag_scan_bwd",
         "diag_scan_fwd",
+        "gated_recurrence_bwd",
+        "gated_recurrence_fwd",
         "linear_recurrence_bwd",
         "linear_recurrence_fwd",
         "linear_scan_bwd",
@@ -90,7 +100,10 @@ if _triton_import_error() is None:
 else:
     _KERNEL_NAMES = ()
 
-__all__ = ["RECURRENCE_IMPLS", "SCAN_IMPLS", "ScanFallback", "__version__", "available", *_KERNEL_NAMES]
+__all__ = [
+    "GATED_IMPLS", "RECURRENCE_IMPLS", "SCAN_IMPLS", "ScanFallback", "__version__", "available",
+    *_KERNEL_NAMES,
+]  # fmt: skip
 
 
 def available() -> bool | str:

@@ -4,6 +4,8 @@
   "diag"), taking and returning what the eager reference does.
 - ``RECURRENCE_IMPLS``: the layers' path, ``(coefficients, values, h0) -> states`` with the initial state
   fused into the kernel and only the states written.
+- ``GATED_IMPLS``: MinGRU's and MinLSTM's path, ``(pre, h0) -> states`` with the gates fused into the scan
+  as well, or None where the unfused path is the faster one (few chains, long T).
 - :func:`angle_scan_impl`: the angle-fused kernel behind ``mingru.min_gru._dispatch_angle_scan``.
 
 Each wrapper raises ``ScanFallback`` with the reason when the inputs are outside the kernel's envelope
@@ -20,10 +22,10 @@ from torch import Tensor
 
 from mingru.dispatch import ScanFallback
 from mingru.scans.angle import check_angle_inputs
-from mingru_triton import affine, angle, diag, linear, log
+from mingru_triton import affine, angle, diag, gated, linear, log
 from mingru_triton._launch import FLOAT_DTYPES, on_kernel_device
 
-__all__ = ["RECURRENCE_IMPLS", "SCAN_IMPLS", "angle_scan_impl"]
+__all__ = ["GATED_IMPLS", "RECURRENCE_IMPLS", "SCAN_IMPLS", "angle_scan_impl"]
 
 
 def _common_envelope(op: str, tensors: dict[str, Tensor]) -> str | None:
@@ -130,6 +132,31 @@ RECURRENCE_IMPLS: dict[str, Callable[..., Tensor]] = {
     "diag": _diag_recurrence_impl,
 }
 """Fused-initial-state kernels, ``(coefficients, values, h0) -> states``: what the layers run on CUDA."""
+
+
+# -- MinGRU and MinLSTM: gates and scan in one walk --------------------------------------------------------
+
+
+def _gated_impl(kind: int) -> Callable[[Tensor, Tensor], Tensor | None]:
+    op = "log" if gated.KINDS[gated.KIND_NAMES[kind]][1] else "linear"
+
+    def run(pre: Tensor, h0: Tensor) -> Tensor | None:
+        reason = _first(_common_envelope(op, {"pre": pre, "h0": h0}), gated.gated_envelope(pre, h0, kind))
+        if reason is None and gated.plan_for(pre, kind, backward=False) is None:
+            return None
+        return _run(op, reason, lambda: gated.recurrence(kind, pre, h0))
+
+    run.__name__ = run.__qualname__ = f"gated_{gated.KIND_NAMES[kind].replace('-', '_')}_impl"
+    return run
+
+
+GATED_IMPLS: dict[str, Callable[[Tensor, Tensor], Tensor | None]] = {
+    name: _gated_impl(kind) for kind, name in enumerate(gated.KIND_NAMES)
+}
+"""The fused MinGRU/MinLSTM recurrences by kind ("gru-log", "gru-linear", "gru-negative", "lstm-log",
+"lstm-linear"): ``(pre (B, T, G H), h0 (B, H) in the state dtype) -> h (B, T, H)``, or None where the fused
+walk would be slower than the unfused path (:func:`mingru_triton.gated.gated_plan`); ``ScanFallback``
+outside the envelope or on a failed launch."""
 
 
 # -- the angle scan ---------------------------------------------------------------------------------------

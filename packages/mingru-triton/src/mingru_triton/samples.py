@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 from mingru.scans.angle import default_angle_layout
 
-__all__ = ["BACKWARD_OPS", "FORWARD_OPS", "OP_NAMES", "OUTPUT_LIKE", "Sample", "sample_inputs"]
+__all__ = ["BACKWARD_OPS", "FORWARD_OPS", "OP_NAMES", "OUTPUT_LIKE", "Sample", "output_like", "sample_inputs"]
 
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
 """One call: ``op(*args, **kwargs)``."""
@@ -49,14 +49,33 @@ OUTPUT_LIKE: dict[str, tuple[int, ...]] = {
     "diag_recurrence_bwd": (0, 2, 1),
     "angle_scan_fwd": (3,),
     "angle_scan_bwd": (0, 1, 2, 3, 4),
+    "gated_recurrence_fwd": (1,),
+    "gated_recurrence_bwd": (0, 1),
 }
-"""Per op, for each output, the index of the argument whose shape, dtype and device it has."""
+"""Per op, for each output, the index of the argument whose shape, dtype and device it has; except the
+states of ``gated_recurrence_fwd``, (B, T, H) with B and T of ``pre`` (argument 0) and H, dtype and device of
+``h0`` (argument 1): see :func:`output_like`."""
 
 OP_NAMES: tuple[str, ...] = tuple(sorted(OUTPUT_LIKE))
 """Every op of the ``mingru`` namespace (``torch.ops.mingru.<name>``)."""
 FORWARD_OPS: tuple[str, ...] = tuple(name for name in OP_NAMES if name.endswith("_fwd"))
 """The ops with a registered autograd formula (their backward is the matching ``_bwd`` op)."""
 BACKWARD_OPS: tuple[str, ...] = tuple(name for name in OP_NAMES if name.endswith("_bwd"))
+
+
+OutputSpec = tuple[tuple[int, ...], torch.dtype, torch.device]
+
+
+def output_like(op_name: str, args: tuple[Any, ...]) -> list[OutputSpec]:
+    """(shape, dtype, device) of each output of ``op_name`` called on ``args`` (:data:`OUTPUT_LIKE`)."""
+    outs = []
+    for source in OUTPUT_LIKE[op_name]:
+        like = args[source]
+        shape = tuple(like.shape)
+        if op_name == "gated_recurrence_fwd":
+            shape = (*args[0].shape[:2], like.shape[-1])
+        outs.append((shape, like.dtype, like.device))
+    return outs
 
 
 class _Maker:
@@ -218,6 +237,25 @@ def _angle(m: _Maker, op: str) -> list[tuple[Any, ...]]:
     return out
 
 
+# -- MinGRU / MinLSTM, gates fused ---------------------------------------------------------------------
+
+_GATED = ((2, 5, 3, 0), (1, 1, 1, 1), (2, 9, 4, 2), (3, 6, 5, 3), (2, 7, 2, 4))  # (B, T, H, kind): every kind
+
+
+def _gated(m: _Maker, op: str) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
+    state = torch.promote_types(m.dtype, torch.float32)
+    for i, (b, t, h, kind) in enumerate(_GATED):
+        g = 3 if kind >= 3 else 2
+        pre = m.strided(b, t, g * h) if i == 2 else m.randn(b, t, g * h, scale=2.0)
+        h0 = m.randn(b, h).to(state)
+        if op == "gated_recurrence_fwd":
+            out.append((pre, h0, kind))
+        else:
+            out.append((pre, h0, m.randn(b, t, h).to(state), m.randn(b, t, h).to(state), kind))
+    return out
+
+
 _FAMILIES: dict[str, Callable[[_Maker, str], list[tuple[Any, ...]]]] = {
     "linear": _linear,
     "parallel_scan_log": _log,
@@ -225,6 +263,7 @@ _FAMILIES: dict[str, Callable[[_Maker, str], list[tuple[Any, ...]]]] = {
     "affine": _affine,
     "diag": _diag,
     "angle": _angle,
+    "gated": _gated,
 }
 
 

@@ -1,0 +1,496 @@
+"""Triton kernels of the MinGRU and MinLSTM recurrences with the gates fused into the scan.
+
+The layers' input projection gives the pre-activations ``pre`` (B, T, G H): MinGRU's gate logit k and
+candidate v (G = 2), or MinLSTM's forget logit f, input logit i and candidate v (G = 3), in that order along
+the last dimension. The gate is z = sigmoid(k) (MinLSTM: k = softplus(-f) - softplus(-i)), and
+
+    h_t = a_t h_{t-1} + b_t,  a_t = 1 - z_t (1 - 2 z_t for negative gates),  b_t = z_t g(v_t),
+
+with g(v) = v + 1/2 for v >= 0 and sigmoid(v) below (``log`` kinds, the paper's positive states) or g the
+identity (``linear`` kinds). These are the values the layers' log-space and linear paths compute; here they
+are formed in registers, so the forward reads ``pre`` and h0 and writes h alone, and the adjoint reads
+``pre``, h0, h and grad h and writes d pre (one buffer, the projection's gradient) and d h0. Nothing else
+(no gate tensors, no log coefficients) reaches memory.
+
+One program per (row, block of channels) walks all of T in tiles whose loads are software-pipelined
+(``tl.range`` stages), carrying BLOCK_J states from tile to tile. The adjoint walks back with
+g_t = grad_h_t + a_{t+1} g_{t+1} (the coefficient of the next step recomputed from its pre-activations) and
+forms every derivative from the stored states, so no division by a_t. Accumulation in float32 (float64 for
+float64 inputs); h, h0 and grad h are in the state dtype (float32, or float64), ``pre`` and d pre in the
+projection's dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op
+
+from mingru._checks import check_float_tensor, check_shape
+from mingru_triton._launch import (
+    _PLAIN,
+    FLOAT_DTYPES,
+    cdiv,
+    eager_path,
+    grad_or_zeros,
+    is_fp64,
+    launch,
+    num_sms,
+    on_kernel_device,
+)
+
+__all__ = [
+    "KINDS",
+    "GatedPlan",
+    "force_plan",
+    "gated_envelope",
+    "gated_plan",
+    "gated_recurrence_bwd",
+    "gated_recurrence_fwd",
+    "recurrence",
+]
+
+KINDS: dict[str, tuple[int, int, int]] = {
+    "gru-log": (0, 1, 0),
+    "gru-linear": (0, 0, 0),
+    "gru-negative": (0, 0, 1),
+    "lstm-log": (1, 1, 0),
+    "lstm-linear": (1, 0, 0),
+}
+"""The fused recurrences by name -> (LSTM, LOG_G, NEG): MinLSTM's two gate logits, the positive candidate
+g of the log mode, the transition 1 - 2z. The ops take the index of the name in this dict (``kind``)."""
+KIND_NAMES: tuple[str, ...] = tuple(KINDS)
+
+
+def branches(kind: int) -> int:
+    """G, the pre-activations per channel of recurrence ``kind``: 3 for MinLSTM, 2 for MinGRU."""
+    return 3 if KINDS[KIND_NAMES[kind]][0] else 2
+
+
+@triton.jit
+def _acc(x, FP64: tl.constexpr):
+    y = x.to(tl.float64) if FP64 else x.to(tl.float32)
+    return y
+
+
+@triton.jit
+def _gate(k):
+    """(z, 1 - z) = (sigmoid(k), sigmoid(-k)) from one exponential, each to its own relative precision."""
+    e = tl.exp(-tl.abs(k))
+    r = 1.0 / (1.0 + e)
+    small = e * r
+    return tl.where(k >= 0, r, small), tl.where(k >= 0, small, r)
+
+
+@triton.jit
+def _softplus(x):
+    return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def _compose(a1, h1, a2, h2):
+    """Map (a2, h2) after map (a1, h1): x -> a2 (a1 x + h1) + h2."""
+    return a1 * a2, a2 * h1 + h2
+
+
+@triton.jit
+def _load(ptr, mask, FP64: tl.constexpr):
+    return _acc(tl.load(ptr, mask=mask, other=0.0), FP64)
+
+
+@triton.jit
+def _logits(ptr, mask, H, LSTM: tl.constexpr, FP64: tl.constexpr):
+    """The gate logit k at ``ptr`` (MinLSTM: softplus(-f) - softplus(-i), f at ``ptr``, i at ``ptr + H``)
+    and, for MinLSTM, f and i themselves (else k twice)."""
+    f = _load(ptr, mask, FP64)
+    if LSTM:
+        i = _load(ptr + H, mask, FP64)
+        k = _softplus(-f) - _softplus(-i)
+    else:
+        i = f
+        k = f
+    return k, f, i
+
+
+@triton.jit
+def _coefficient(z, zn, NEG: tl.constexpr):
+    """a = 1 - z, or 1 - 2z = (1 - z) - z (NEG)."""
+    a = zn - z if NEG else zn
+    return a
+
+
+@triton.jit
+def _candidate(v, LOG_G: tl.constexpr):
+    """(g(v), g'(v)): v + 1/2 and 1 for v >= 0, sigmoid(v) and its slope below (LOG_G); else v and 1."""
+    if LOG_G:
+        e = tl.exp(tl.minimum(v, 0.0))
+        s = e / (1.0 + e)  # sigmoid(v) for v < 0
+        g = tl.where(v >= 0, v + 0.5, s)
+        dg = tl.where(v >= 0, 1.0, s * (1.0 - s))
+    else:
+        g = v
+        dg = v * 0.0 + 1.0
+    return g, dg
+
+
+@triton.jit
+def _gated_fwd_kernel(
+    pre_ptr,
+    h0_ptr,
+    h_ptr,
+    L,
+    H,
+    NJB,
+    LSTM: tl.constexpr,
+    LOG_G: tl.constexpr,
+    NEG: tl.constexpr,
+    STAGES: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    FP64: tl.constexpr,
+):
+    """One program: row r, channels jb * BLOCK_J + [0, BLOCK_J); h_t = a_t h_{t-1} + b_t over all L steps
+    from h0 (R, H), a and b formed from ``pre`` (R, L, G H); writes h (R, L, H). Inputs contiguous.
+    Addresses: a 64-bit base per tile, 32-bit offsets inside it."""
+    pid = tl.program_id(0).to(tl.int64)
+    r = pid // NJB
+    jb = pid % NJB
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    mask_j = offs_j < H
+    lanes = tl.arange(0, BLOCK_T)
+    width = (3 if LSTM else 2) * H
+    vshift = (2 if LSTM else 1) * H
+    pin = lanes[:, None] * width + offs_j[None, :]
+    hin = lanes[:, None] * H + offs_j[None, :]
+    last = (lanes == BLOCK_T - 1)[:, None]
+    carry = _load(h0_ptr + r * H + offs_j, mask_j, FP64)
+    for s0 in tl.range(0, L, BLOCK_T, num_stages=STAGES):
+        m2 = (s0 + lanes < L)[:, None] & mask_j[None, :]
+        step = r * L + s0
+        pptr = pre_ptr + step * width + pin
+        k, _, _ = _logits(pptr, m2, H, LSTM, FP64)
+        z, zn = _gate(k)
+        g, _ = _candidate(_load(pptr + vshift, m2, FP64), LOG_G)
+        # Steps past L sit after every valid step in the tile: they change nothing that is stored.
+        p, h = tl.associative_scan((_coefficient(z, zn, NEG), z * g), 0, _compose)
+        h = h + p * carry[None, :]
+        carry = tl.sum(tl.where(last, h, 0.0), axis=0)
+        tl.store(h_ptr + step * H + hin, h.to(h_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _gated_bwd_kernel(
+    pre_ptr,
+    h0_ptr,
+    h_ptr,
+    dh_ptr,
+    dpre_ptr,
+    dh0_ptr,
+    L,
+    H,
+    NJB,
+    LSTM: tl.constexpr,
+    LOG_G: tl.constexpr,
+    NEG: tl.constexpr,
+    STAGES: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    FP64: tl.constexpr,
+):
+    """Adjoint of :func:`_gated_fwd_kernel`, walking from t = L - 1 down to 0 (lane i of a tile is the
+    i-th step back): g_t = dh_t + a_{t+1} g_{t+1}; with z = sigmoid(k) and h_{-1} = h0,
+    d k = z (1 - z) g_t (g(v_t) - c h_{t-1}) (c = 2 for NEG, else 1), d v = g_t z g'(v_t); MinLSTM:
+    d f = -d k sigmoid(-f), d i = d k sigmoid(-i). d h0 = a_0 g_0."""
+    pid = tl.program_id(0).to(tl.int64)
+    r = pid // NJB
+    jb = pid % NJB
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    mask_j = offs_j < H
+    lanes = tl.arange(0, BLOCK_T)
+    width = (3 if LSTM else 2) * H
+    vshift = (2 if LSTM else 1) * H
+    pin = -lanes[:, None] * width + offs_j[None, :]
+    hin = -lanes[:, None] * H + offs_j[None, :]
+    last = (lanes == BLOCK_T - 1)[:, None]
+    h0 = _load(h0_ptr + r * H + offs_j, mask_j, FP64)
+    carry = h0 * 0.0
+    d0 = h0 * 0.0
+    for s0 in tl.range(0, L, BLOCK_T, num_stages=STAGES):
+        t = L - 1 - s0 - lanes
+        m2 = (t >= 0)[:, None] & mask_j[None, :]
+        step = r * L + L - 1 - s0
+        pptr = pre_ptr + step * width + pin
+        hptr = h_ptr + step * H + hin
+        # a_{t+1}, from the pre-activations one step later; 0 past the end (the carry into it is 0).
+        nok = ((t >= 0) & (t + 1 < L))[:, None] & mask_j[None, :]
+        kn, _, _ = _logits(pptr + width, nok, H, LSTM, FP64)
+        z_next, zn_next = _gate(kn)
+        a_next = tl.where(nok, _coefficient(z_next, zn_next, NEG), 0.0)
+        p, g = tl.associative_scan((a_next, _load(dh_ptr + step * H + hin, m2, FP64)), 0, _compose)
+        g = g + p * carry[None, :]
+        carry = tl.sum(tl.where(last, g, 0.0), axis=0)
+        pok = (t >= 1)[:, None] & mask_j[None, :]
+        h_prev = tl.where(pok, _load(hptr - H, pok, FP64), h0[None, :])
+        k, f, i = _logits(pptr, m2, H, LSTM, FP64)
+        z, zn = _gate(k)
+        gv, dgv = _candidate(_load(pptr + vshift, m2, FP64), LOG_G)
+        dk = z * zn * g * (gv - (2.0 * h_prev if NEG else h_prev))
+        d0 += tl.sum(tl.where((t == 0)[:, None], _coefficient(z, zn, NEG) * g, 0.0), axis=0)
+        ty = dpre_ptr.dtype.element_ty
+        dptr = dpre_ptr + step * width + pin
+        if LSTM:
+            _, fn = _gate(f)
+            _, i_n = _gate(i)
+            tl.store(dptr, (-dk * fn).to(ty), mask=m2)
+            tl.store(dptr + H, (dk * i_n).to(ty), mask=m2)
+        else:
+            tl.store(dptr, dk.to(ty), mask=m2)
+        tl.store(dptr + vshift, (g * z * dgv).to(ty), mask=m2)
+    tl.store(dh0_ptr + r * H + offs_j, d0.to(dh0_ptr.dtype.element_ty), mask=mask_j)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plans
+# ---------------------------------------------------------------------------------------------------------
+
+
+class GatedPlan(NamedTuple):
+    """Launch configuration of one walk: channels and steps per tile, warps, pipeline stages."""
+
+    block_j: int
+    block_t: int
+    num_warps: int
+    num_stages: int
+
+
+_FORCED: list[GatedPlan] = []
+FEW_CHAINS_MIN_LENGTH = 1024
+"""With fewer programs than half the SMs at 16 channels and T at least this, :func:`gated_plan` returns None:
+the layers' unfused path (gates, then the k = 1 or log kernels, which spread T over the SMs) is faster."""
+
+
+@contextlib.contextmanager
+def force_plan(plan: GatedPlan) -> Iterator[None]:
+    """Within the block every fused walk (forward and adjoint) uses ``plan`` (tests and the sweep)."""
+    for name, value in zip(GatedPlan._fields, plan, strict=True):
+        if value < 1 or (value & (value - 1) and name != "num_stages"):
+            raise ValueError(f"{name} must be a power of two >= 1, got {value}")
+    _FORCED.append(plan)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+def gated_plan(
+    rows: int,
+    length: int,
+    hidden: int,
+    itemsize: int,
+    backward: bool,
+    sms: int = 132,
+    cpu: bool = False,
+    lstm: bool = False,
+) -> GatedPlan | None:
+    """The walk's tiles for ``rows`` x ``hidden`` channels of ``length`` steps, or None where the fused walk
+    would have too few programs for a long T (:data:`FEW_CHAINS_MIN_LENGTH`).
+
+    16 channels x 64 steps on four warps, 3 stages; MinLSTM's adjoint (``lstm``) 32 x 32. Each program
+    computes the gates of its tile (an exponential and a reciprocal or more per element), so the walk wants
+    many warps per SM: one-warp tiles, which serve the plain k = 1 walk, ran 3x-10x slower. On an H200 at
+    (8, 4096, 1024), GPU time in ms of forward / adjoint, float32 and bfloat16 (12 tiles timed):
+    MinGRU log 0.156 / 0.283 and 0.178 / 0.283 (64 x 32 on one warp: 1.09 / 3.10 and 0.76 / 2.82);
+    MinLSTM log 0.248 / 0.612 and 0.251 / 0.660 (its adjoint at 16 x 64: 0.645 and 0.744). On the CPU
+    (the interpreter runs every lane) tiles of 16 steps.
+    """
+    if _FORCED:
+        return _FORCED[-1]
+    if rows * cdiv(hidden, 16) < sms // 2 and length >= FEW_CHAINS_MIN_LENGTH:
+        return None
+    block_j, block_t = (32, 32) if backward and lstm else (16, 64)
+    return GatedPlan(block_j, 16 if cpu else block_t, 4, 3)
+
+
+_cached_plan = functools.lru_cache(maxsize=256)(gated_plan)
+
+
+def plan_for(pre: Tensor, kind: int, backward: bool) -> GatedPlan | None:
+    """:func:`gated_plan` for ``pre`` (B, T, G H) of recurrence ``kind`` on its device."""
+    rows, length, gh = pre.shape
+    g = branches(kind)
+    cpu = pre.device.type != "cuda"
+    args = (rows, length, gh // g, pre.element_size(), backward, num_sms(pre.device), cpu, g == 3)
+    plain = all(type(x) is int for x in (rows, length, gh)) and not torch.compiler.is_compiling()
+    return _cached_plan(*args) if plain and not _FORCED else gated_plan(*args)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Ops
+# ---------------------------------------------------------------------------------------------------------
+
+
+def gated_envelope(pre: Tensor, h0: Tensor, kind: int) -> str | None:
+    """None when the fused kernels take ``pre`` (B, T, G H) and ``h0`` (B, H) of recurrence ``kind``,
+    else why not (shapes and dtypes only): T >= 1, H >= 1, h0 in the state dtype of ``pre``."""
+    if not isinstance(kind, int) or not 0 <= kind < len(KINDS):
+        return f"kind must be an int in [0, {len(KINDS)}), got {kind!r}"
+    g = branches(kind)
+    if pre.dim() != 3 or pre.shape[1] < 1 or pre.shape[2] < g or pre.shape[2] % g:
+        return (
+            f"the fused {KIND_NAMES[kind]} kernel takes pre (B, T, {g} H) with T >= 1 and H >= 1, "
+            f"got {tuple(pre.shape)}"
+        )
+    want = torch.promote_types(pre.dtype, torch.float32)
+    if tuple(h0.shape) != (pre.shape[0], pre.shape[2] // g) or h0.dtype != want:
+        return (
+            f"the fused {KIND_NAMES[kind]} kernel takes h0 ({pre.shape[0]}, {pre.shape[2] // g}) in {want}, "
+            f"got {tuple(h0.shape)} in {h0.dtype}"
+        )
+    return None
+
+
+def _common_case(pre: Tensor, h0: Tensor, kind: int, states: dict[str, Tensor]) -> bool:
+    """Whether the inputs are plain CUDA tensors of the shapes and dtypes the ops take: one cheap test, the
+    detailed checks of :func:`_check` only when it fails (they cost microseconds of host time per call)."""
+    if type(pre) not in _PLAIN or type(h0) not in _PLAIN or type(kind) is not int:
+        return False
+    if not 0 <= kind < len(KINDS) or pre.dim() != 3 or pre.dtype not in FLOAT_DTYPES:
+        return False
+    if pre.device.type != "cuda" or h0.device != pre.device:
+        return False
+    rows, length, gh = pre.shape
+    g = branches(kind)
+    hidden = gh // g
+    if length < 1 or hidden < 1 or gh != g * hidden or h0.shape != (rows, hidden):
+        return False
+    if h0.dtype != torch.promote_types(pre.dtype, torch.float32):
+        return False
+    shape = (rows, length, hidden)
+    return all(
+        type(x) in _PLAIN and x.shape == shape and x.dtype == h0.dtype and x.device == pre.device
+        for x in states.values()
+    )
+
+
+def _check(pre: Tensor, h0: Tensor, kind: int, states: dict[str, Tensor]) -> None:
+    """Raise ValueError/TypeError naming what is wrong with the inputs of the fused ops."""
+    if _common_case(pre, h0, kind, states):
+        return
+    pre = check_float_tensor("pre", pre, 3, "(B, T, G H)")
+    h0 = check_float_tensor("h0", h0, 2, "(B, H)")
+    reason = gated_envelope(pre, h0, kind)
+    if reason is not None:
+        raise ValueError(reason)
+    rows, length = pre.shape[:2]
+    for name, x in states.items():
+        x = check_float_tensor(name, x, 3, "(B, T, H)")
+        check_shape(name, x, (rows, length, h0.shape[1]), "(B, T, H)")
+        if x.dtype != h0.dtype:
+            raise ValueError(f"{name} must be in the state dtype {h0.dtype}, got {x.dtype}")
+    for name, x in {"pre": pre, "h0": h0, **states}.items():
+        if not on_kernel_device(x) or x.device != pre.device:
+            raise ValueError(
+                f"{name} must be a CUDA tensor (or a CPU tensor under TRITON_INTERPRET=1) on pre's device "
+                f"{pre.device}, got device {x.device}"
+            )
+
+
+def _flags(kind: int) -> dict[str, int]:
+    lstm, log_g, neg = KINDS[KIND_NAMES[kind]]
+    return {"LSTM": lstm, "LOG_G": log_g, "NEG": neg}
+
+
+def _walk_plan(pre: Tensor, kind: int, backward: bool) -> GatedPlan:
+    # A plan of None only steers the choice of path (impls); called directly, the op still runs.
+    return plan_for(pre, kind, backward) or GatedPlan(16, 16 if pre.device.type != "cuda" else 64, 4, 3)
+
+
+def _forward(pre: Tensor, h0: Tensor, kind: int) -> Tensor:
+    _check(pre, h0, kind, {})
+    pre, h0 = pre.contiguous(), h0.contiguous()
+    rows, length, _ = pre.shape
+    hidden = h0.shape[1]
+    h = torch.empty((rows, length, hidden), dtype=h0.dtype, device=pre.device)
+    plan = _walk_plan(pre, kind, backward=False)
+    njb = cdiv(hidden, plan.block_j)
+    launch(
+        _gated_fwd_kernel, (rows * njb,), pre, h0, h, length, hidden, njb, **_flags(kind),
+        STAGES=plan.num_stages, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(h0),
+        num_warps=plan.num_warps,
+    )  # fmt: skip
+    return h
+
+
+def _backward(pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, kind: int) -> tuple[Tensor, Tensor]:
+    _check(pre, h0, kind, {"h": h, "grad_h": grad_h})
+    pre, h0, h, grad_h = pre.contiguous(), h0.contiguous(), h.contiguous(), grad_h.contiguous()
+    rows, length, _ = pre.shape
+    hidden = h0.shape[1]
+    d_pre = torch.empty_like(pre)
+    d_h0 = torch.empty_like(h0)
+    plan = _walk_plan(pre, kind, backward=True)
+    njb = cdiv(hidden, plan.block_j)
+    launch(
+        _gated_bwd_kernel, (rows * njb,), pre, h0, h, grad_h, d_pre, d_h0, length, hidden, njb,
+        **_flags(kind), STAGES=plan.num_stages, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j,
+        FP64=is_fp64(h0), num_warps=plan.num_warps,
+    )  # fmt: skip
+    return d_pre, d_h0
+
+
+@triton_op("mingru::gated_recurrence_fwd", mutates_args=())
+def gated_recurrence_fwd(pre: Tensor, h0: Tensor, kind: int) -> Tensor:
+    """MinGRU/MinLSTM recurrence ``kind`` (index into :data:`KINDS`) from its pre-activations, fused:
+    pre (B, T, G H), h0 (B, H) in the state dtype -> h (B, T, H) in the state dtype (float32; float64 for
+    float64 ``pre``). Raises TypeError/ValueError on bad dtypes, shapes or devices."""
+    return _forward(pre, h0, kind)
+
+
+@triton_op("mingru::gated_recurrence_bwd", mutates_args=())
+def gated_recurrence_bwd(
+    pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, kind: int
+) -> tuple[Tensor, Tensor]:
+    """Adjoint of :func:`gated_recurrence_fwd` -> (d pre (B, T, G H) in pre's dtype, d h0 (B, H))."""
+    return _backward(pre, h0, h, grad_h, kind)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, int], output: Tensor) -> None:
+    pre, h0, kind = inputs
+    ctx.save_for_backward(pre, h0, output)
+    ctx.kind = kind
+
+
+def _backward_op(ctx: Any, grad_h: Tensor | None) -> tuple[Tensor, Tensor, None]:
+    pre, h0, h = ctx.saved_tensors
+    d_pre, d_h0 = gated_recurrence_bwd(pre, h0, h, grad_or_zeros(grad_h, h), ctx.kind)
+    return d_pre, d_h0, None
+
+
+gated_recurrence_fwd.register_autograd(_backward_op, setup_context=_setup_context)
+
+
+def _eager(kind: int) -> Callable[[Tensor, Tensor], Tensor]:
+    name = "Gated" + KIND_NAMES[kind].title().replace("-", "")
+    return eager_path(
+        name,
+        lambda pre, h0: gated_recurrence_fwd(pre, h0, kind),
+        lambda pre, h0: _forward(pre, h0, kind),
+        lambda pre, h0, h, grad_h: _backward(pre, h0, h, grad_h, kind),
+        lambda inputs, h: (*inputs, h),
+    )
+
+
+_EAGER = tuple(_eager(kind) for kind in range(len(KINDS)))
+
+
+def recurrence(kind: int, pre: Tensor, h0: Tensor) -> Tensor:
+    """``gated_recurrence_fwd(pre, h0, kind)`` for the layers, eagerly without the op's dispatch
+    (:func:`~mingru_triton._launch.eager_path`)."""
+    return _EAGER[kind](pre, h0)

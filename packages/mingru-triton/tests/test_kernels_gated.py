@@ -1,0 +1,172 @@
+"""The fused MinGRU/MinLSTM kernels (gates and scan in one walk) against the layers' unfused eager path:
+states, d pre and d h0 for every kind, odd sizes, T = 1, non-contiguous inputs, half types, saturated gates,
+gradcheck in float64; their plans, errors and the choice of path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import HALF_TYPES, assert_close, kernel_device, marked, on_cuda, on_interpreter
+
+from mingru.layers import MinGRU, MinLSTM
+from mingru_triton import gated
+from mingru_triton.impls import GATED_IMPLS
+
+KIND_LAYERS = {
+    "gru-log": (MinGRU, {"mode": "log"}),
+    "gru-linear": (MinGRU, {"mode": "linear"}),
+    "gru-negative": (MinGRU, {"mode": "linear", "negative_gates": True}),
+    "lstm-log": (MinLSTM, {"mode": "log"}),
+    "lstm-linear": (MinLSTM, {"mode": "linear"}),
+}
+KINDS = list(gated.KINDS)
+
+
+def _reference(kind: str, pre: torch.Tensor, h0: torch.Tensor, monkeypatch) -> torch.Tensor:
+    """The layer's unfused path (gates in the state dtype, then the eager recurrence)."""
+    monkeypatch.setenv("MINGRU_SCAN", "eager")
+    cls, kwargs = KIND_LAYERS[kind]
+    layer = cls(h0.shape[-1], **kwargs)
+    assert layer.gated_kind == kind
+    return layer._unfused(pre, h0)
+
+
+def _inputs(kind: str, batch: int, steps: int, hidden: int, dtype: torch.dtype, scale: float = 2.0, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    g = 3 if kind.startswith("lstm") else 2
+    pre = torch.randn(batch, steps, g * hidden, generator=generator, dtype=torch.float64) * scale
+    h0 = torch.randn(batch, hidden, generator=generator, dtype=torch.float64)
+    device = kernel_device()
+    state = torch.promote_types(dtype, torch.float32)
+    return pre.to(device=device, dtype=dtype), h0.to(device=device, dtype=state)
+
+
+def _grads(fn, pre, h0, weight):
+    pre = pre.detach().requires_grad_()
+    h0 = h0.detach().requires_grad_()
+    h = fn(pre, h0)
+    d_pre, d_h0 = torch.autograd.grad((h * weight).sum(), [pre, h0])
+    return h.detach(), d_pre, d_h0
+
+
+def _check_kind(kind, batch, steps, hidden, dtype, monkeypatch, scale=2.0):
+    pre, h0 = _inputs(kind, batch, steps, hidden, dtype, scale)
+    code = KINDS.index(kind)
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(batch, steps, hidden, generator=generator, dtype=torch.float64)
+    weight = weight.to(device=pre.device, dtype=h0.dtype)
+    got = _grads(lambda p, s: gated.gated_recurrence_fwd(p, s, code), pre, h0, weight)
+    wide = (pre.double(), h0.double(), weight.double())
+    want = _grads(lambda p, s: _reference(kind, p, s, monkeypatch), *wide)
+    assert got[0].dtype == h0.dtype and got[1].dtype == pre.dtype and got[2].dtype == h0.dtype
+    # The states are accumulated in float32 from exact conversions of pre: float32's tolerance, whatever
+    # the type of pre; d pre is rounded once to pre's type.
+    types = (h0.dtype, pre.dtype, h0.dtype)
+    for what, out, ref, tol in zip(("h", "d pre", "d h0"), got, want, types, strict=True):
+        assert torch.isfinite(out).all(), f"{kind}: {what} is not finite"
+        assert_close(out, ref, tol, steps, what=f"{kind} {tuple(pre.shape)} {dtype}: {what}")
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("shape", [(2, 1, 3), (2, 13, 5), (3, 37, 17)], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_kernel_equals_the_unfused_path_in_float64(kind, shape, monkeypatch):
+    _check_kind(kind, *shape, torch.float64, monkeypatch)
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF_TYPES], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_kernel_in_float32_and_half_types(kind, dtype, monkeypatch):
+    _check_kind(kind, 2, 21, 6, dtype, monkeypatch)
+
+
+@marked(on_interpreter)
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's numpy, exp(180)
+@pytest.mark.parametrize("kind", KINDS)
+def test_saturated_gates_give_finite_exact_results(kind, monkeypatch):
+    """Logits of +-60 (z rounds to 0 or 1, a to 0 or 1 in float32): no NaN, no division by a."""
+    _check_kind(kind, 2, 9, 4, torch.float32, monkeypatch, scale=60.0)
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradcheck_in_float64(kind):
+    pre, h0 = _inputs(kind, 1, 4, 2, torch.float64)
+    code = KINDS.index(kind)
+    pre.requires_grad_()
+    h0.requires_grad_()
+    assert torch.autograd.gradcheck(lambda p, s: gated.gated_recurrence_fwd(p, s, code), (pre, h0))
+    assert torch.autograd.gradcheck(lambda p, s: gated.recurrence(code, p, s), (pre, h0))
+
+
+@marked(on_interpreter)
+def test_tiles_and_non_contiguous_inputs(monkeypatch):
+    """Several tiles per row and several channel blocks (a forced plan), pre a slice of a wider tensor."""
+    wide, h0 = _inputs("lstm-log", 2, 23, 24, torch.float32)
+    pre = wide[..., :39]  # (2, 23, 39): G H = 39, H = 13, rows 72 elements apart
+    assert not pre.is_contiguous()
+    h0 = h0[:, :13]
+    code = KINDS.index("lstm-log")
+    with gated.force_plan(gated.GatedPlan(8, 4, 1, 2)):
+        got = _grads(lambda p, s: gated.gated_recurrence_fwd(p, s, code), pre, h0, 1.0)
+    want = _grads(lambda p, s: _reference("lstm-log", p, s, monkeypatch), pre.double(), h0.double(), 1.0)
+    for what, out, ref in zip(("h", "d pre", "d h0"), got, want, strict=True):
+        assert_close(out, ref, torch.float32, 23, what=what)
+
+
+@marked(on_interpreter)
+def test_errors_name_the_argument():
+    pre, h0 = _inputs("gru-log", 2, 5, 3, torch.float32)
+    with pytest.raises(ValueError, match=r"takes pre \(B, T, 2 H\)"):
+        gated.gated_recurrence_fwd(pre[..., :5], h0, 0)
+    with pytest.raises(ValueError, match=r"takes pre \(B, T, 3 H\)"):
+        gated.gated_recurrence_fwd(pre[..., :4], h0, 3)
+    with pytest.raises(ValueError, match=r"h0 \(2, 3\) in torch.float32, got \(2, 3\) in torch.float64"):
+        gated.gated_recurrence_fwd(pre, h0.double(), 0)
+    with pytest.raises(ValueError, match="kind must be an int in"):
+        gated.gated_recurrence_fwd(pre, h0, 5)
+    with pytest.raises(ValueError, match=r"grad_h must have shape"):
+        gated.gated_recurrence_bwd(pre, h0, pre[..., :3].contiguous(), pre[..., :2].contiguous(), 0)
+    bad = gated.GatedPlan(12, 4, 1, 2)
+    with pytest.raises(ValueError, match="must be a power of two"), gated.force_plan(bad):
+        pass
+
+
+def test_plan_widths_and_the_few_chains_rule():
+    plan = gated.gated_plan
+    assert plan(8, 4096, 1024, 2, backward=False) == gated.GatedPlan(16, 64, 4, 3)
+    assert plan(8, 4096, 1024, 4, backward=True) == gated.GatedPlan(16, 64, 4, 3)
+    assert plan(8, 4096, 1024, 4, backward=True, lstm=True) == gated.GatedPlan(32, 32, 4, 3)
+    assert plan(1, 65536, 256, 4, backward=False) is None  # 16 chains: the unfused path spreads T
+    assert plan(1, 512, 256, 4, backward=False) is not None  # short T: the walk is short too
+    assert plan(8, 4096, 1024, 4, backward=False, cpu=True).block_t == 16
+
+
+@marked(on_interpreter)
+def test_impls_decline_few_chains_with_none_and_run_otherwise():
+    pre, h0 = _inputs("gru-log", 1, 2048, 8, torch.float32)
+    assert GATED_IMPLS["gru-log"](pre, h0) is None
+    pre, h0 = _inputs("gru-log", 2, 7, 8, torch.float32)
+    assert GATED_IMPLS["gru-log"](pre, h0).shape == (2, 7, 8)
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("kind", ["gru-log", "lstm-linear"])
+def test_layers_take_the_fused_kernel(kind, monkeypatch):
+    """Under MINGRU_SCAN=triton the layer's states come from the fused op (the unfused path is not run)."""
+    monkeypatch.setenv("MINGRU_SCAN", "triton")
+    cls, kwargs = KIND_LAYERS[kind]
+    layer = cls(6, **kwargs)
+    calls = []
+    monkeypatch.setattr(layer, "_unfused", lambda *args: calls.append(args))
+    y, final = layer(torch.randn(2, 5, 6))
+    assert calls == [] and y.shape == (2, 5, 6) and final.shape == (2, 6)
+
+
+@marked(on_cuda)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_kernel_equals_the_unfused_path_on_cuda(kind, dtype, monkeypatch):
+    _check_kind(kind, 3, 2000, 300, dtype, monkeypatch)
+    _check_kind(kind, 8, 320, 1024, dtype, monkeypatch)
