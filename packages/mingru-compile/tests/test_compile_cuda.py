@@ -26,11 +26,11 @@ pytestmark = [
 ]
 CUDA = "cuda"
 KERNEL_OP = {  # the op each layer's forward runs on CUDA
-    "MinGRU-log": "log_recurrence_fwd",
-    "MinGRU-linear": "linear_recurrence_fwd",
-    "MinGRU-linear-negative": "linear_recurrence_fwd",
-    "MinLSTM-log": "log_recurrence_fwd",
-    "MinLSTM-linear": "linear_recurrence_fwd",
+    "MinGRU-log": "gated_recurrence_fwd",  # gates and scan fused (mingru_triton.gated)
+    "MinGRU-linear": "gated_recurrence_fwd",
+    "MinGRU-linear-negative": "gated_recurrence_fwd",
+    "MinLSTM-log": "gated_recurrence_fwd",
+    "MinLSTM-linear": "gated_recurrence_fwd",
     "MinGRUMatrix": "affine_recurrence_fwd",
     "MinGRUDiag": "diag_recurrence_fwd",
     "MinGRUAngle": "angle_scan_fwd",
@@ -143,7 +143,7 @@ def test_compiled_language_model_trains(layer: str, triton_only: None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("scan", "op"), [("linear", "linear_scan_fwd"), ("layer", "linear_recurrence_fwd")], ids=["scan", "layer"]
+    ("scan", "op"), [("linear", "linear_scan_fwd"), ("layer", "gated_recurrence_fwd")], ids=["scan", "layer"]
 )
 def test_mingru_scan_eager_and_auto_compile_to_different_graphs(
     scan: str, op: str, monkeypatch: pytest.MonkeyPatch

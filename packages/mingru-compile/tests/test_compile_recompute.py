@@ -22,8 +22,8 @@ FACTORIES: dict[str, Any] = {
     "MinGRUAngle": lambda **kw: MinGRUAngle(DIM, heads=2, head_dim=4, rotation_layers=2, **kw),
 }
 KERNEL_OP = {
-    "MinGRU-log": "log_recurrence_fwd",
-    "MinGRU-linear": "linear_recurrence_fwd",
+    "MinGRU-log": "gated_recurrence_fwd",
+    "MinGRU-linear": "gated_recurrence_fwd",
     "MinGRUMatrix": "affine_recurrence_fwd",
     "MinGRUAngle": "angle_scan_fwd",
 }

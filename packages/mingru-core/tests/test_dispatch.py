@@ -320,3 +320,90 @@ def test_recurrence_under_eager_never_calls_a_kernel(monkeypatch):
     A, Bc = linear_scan_ref(a, b)
     torch.testing.assert_close(linear_recurrence(a, b, h0), Bc + A * h0.unsqueeze(1))
     assert fused.calls == [] and scan.calls == []
+
+
+# -- MinGRU / MinLSTM: the fused-gates kernel of GATED_IMPLS, else the unfused path --------------------------
+
+
+class GatedKernel:
+    """A stand-in fused-gates kernel: records (pre, h0), returns states of 3.0 (or None, or declines)."""
+
+    def __init__(self, decline: str | None = None, returns_none: bool = False):
+        self.calls: list[tuple] = []
+        self.decline = decline
+        self.returns_none = returns_none
+
+    def __call__(self, pre, h0):
+        self.calls.append((pre, h0))
+        if self.decline is not None:
+            raise ScanFallback(self.decline)
+        if self.returns_none:
+            return None
+        return torch.full((*pre.shape[:2], h0.shape[-1]), 3.0, dtype=h0.dtype)
+
+
+def _gated_layer_call(monkeypatch, kernel, *, mode=None, lstm=False, dtype=torch.float32):
+    from mingru.layers import MinGRU, MinLSTM
+
+    plugin = _plugin(impls={"log": Recorder(), "linear": Recorder()})
+    plugin.GATED_IMPLS = {"lstm-log" if lstm else "gru-log": kernel}
+    _use(monkeypatch, plugin, mode=mode, interpret=True)
+    layer = (MinLSTM if lstm else MinGRU)(4).to(dtype)
+    unfused = []
+
+    def run_unfused(pre, h0):  # states of 1.0: the fake plugin's scan kernels are not the layer's
+        unfused.append(pre)
+        return torch.ones(*pre.shape[:2], 4)
+
+    monkeypatch.setattr(layer, "_unfused", run_unfused)
+    return layer, unfused
+
+
+@pytest.mark.parametrize("lstm", [False, True], ids=["gru", "lstm"])
+def test_layers_run_the_fused_gates_kernel_with_a_zero_state_for_none(monkeypatch, lstm):
+    kernel = GatedKernel()
+    layer, unfused = _gated_layer_call(monkeypatch, kernel, lstm=lstm, dtype=torch.bfloat16)
+    x = torch.randn(2, 5, 4, dtype=torch.bfloat16)
+    _, final = layer(x)
+    ((pre, h0),) = kernel.calls
+    assert pre.shape == (2, 5, (3 if lstm else 2) * 4) and pre.dtype == torch.bfloat16  # the projection as is
+    assert torch.equal(h0, torch.zeros(2, 4)) and h0.dtype == torch.float32  # the state dtype
+    assert unfused == [] and torch.equal(final, torch.full((2, 4), 3.0))
+    state = torch.randn(2, 4)
+    layer(x, state)
+    assert torch.equal(kernel.calls[-1][1], state)
+
+
+def test_a_fused_kernel_returning_none_leaves_the_unfused_path(monkeypatch):
+    kernel = GatedKernel(returns_none=True)
+    layer, unfused = _gated_layer_call(monkeypatch, kernel, mode="triton")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a size choice, not a fallback: no warning
+        _, final = layer(torch.randn(2, 5, 4))
+    assert len(kernel.calls) == 1 and len(unfused) == 1 and torch.equal(final, torch.ones(2, 4))
+
+
+def test_a_declining_fused_kernel_warns_once_under_auto_and_raises_under_triton(monkeypatch):
+    kernel = GatedKernel(decline="too odd")
+    layer, unfused = _gated_layer_call(monkeypatch, kernel)
+    x = torch.randn(2, 5, 4)
+    warning = r"fused gru-log recurrence declined \(too odd\); its gates and scan run unfused"
+    with pytest.warns(RuntimeWarning, match=warning):
+        _, final = layer(x)
+    assert len(unfused) == 1 and torch.equal(final, torch.ones(2, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer(x)  # once per (kind, reason)
+    monkeypatch.setenv("MINGRU_SCAN", "triton")
+    with pytest.raises(RuntimeError, match="'log' fused gru-log recurrence declined the call: too odd"):
+        layer(x)
+
+
+@pytest.mark.parametrize("mode", ["eager", None])
+def test_fused_gates_kernel_is_skipped_by_eager_and_by_cpu_without_the_interpreter(monkeypatch, mode):
+    kernel = GatedKernel()
+    layer, unfused = _gated_layer_call(monkeypatch, kernel, mode=mode)
+    if mode is None:
+        monkeypatch.delenv("TRITON_INTERPRET")
+    layer(torch.randn(2, 5, 4))
+    assert kernel.calls == [] and len(unfused) == 1

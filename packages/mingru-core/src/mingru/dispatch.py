@@ -232,6 +232,57 @@ def _dispatch_recurrence(
     return compose(_REFERENCES[op][1], coeffs, values, h0)
 
 
+def _gated_kernel_for(kind: str) -> Callable[..., Any] | None:
+    """The plugin's fused-gates kernel for recurrence ``kind`` (``GATED_IMPLS``; optional in a plugin)."""
+    impls = getattr(_backend(), "GATED_IMPLS", None)
+    return impls.get(kind) if isinstance(impls, dict) else None
+
+
+def _dispatch_gated(
+    op: str, kind: str, unfused: Callable[[Tensor, Tensor | None], Tensor], pre: Tensor, h0: Tensor | None
+) -> Tensor:
+    """The states of a MinGRU/MinLSTM recurrence from its pre-activations ``pre`` (B, T, G H): the layers'
+    path.
+
+    Where the scan ``op`` ("log" or "linear") would run its kernel and the plugin fuses recurrence ``kind``
+    (``GATED_IMPLS[kind](pre, h0)``: the gates formed inside the scan kernel, only the states written), that
+    kernel runs; otherwise, or where it returns None (sizes at which the unfused path is faster),
+    ``unfused(pre, h0)``: the layer's gates, then the dispatched recurrence (kernel or reference by the usual
+    rules). A ``ScanFallback`` of the fused kernel raises ``RuntimeError`` under ``MINGRU_SCAN=triton``;
+    under ``auto`` it warns once and the unfused path runs. ``h0`` None means zeros.
+    """
+    mode = scan_mode()
+    kernel = _gated_kernel_for(kind) if _choose(op, pre.device.type, mode).impl == "triton" else None
+    if kernel is None:
+        return unfused(pre, h0)
+    g = 3 if kind.startswith("lstm") else 2
+    state = h0 if h0 is not None else pre.new_zeros((pre.shape[0], pre.shape[2] // g), dtype=_state(pre))
+    try:
+        h = kernel(pre, state)
+    except ScanFallback as exc:
+        if mode == "triton":
+            _declined(op, f"fused {kind} recurrence", mode, exc)
+        _warn_unfused_once(kind, exc.args[0] if exc.args else "the kernel declined the call")
+        h = None
+    return unfused(pre, h0) if h is None else h
+
+
+@_constant_under_compile
+def _warn_unfused_once(kind: str, reason: str) -> bool:
+    """Warn once per (kind, reason) that a fused-gates kernel declined and the unfused path runs."""
+    key = (f"gated {kind}", reason)
+    if key in _WARNED:
+        return False
+    _WARNED.add(key)
+    message = f"mingru: the fused {kind} recurrence declined ({reason}); its gates and scan run unfused"
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    return True
+
+
+def _state(x: Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def _state_shape(op: str, values: Tensor) -> tuple[int, ...]:
     """The initial-state shape of recurrence ``op`` for its ``values`` input: (B, D) or (B, n, k, v)."""
     if op in ("log", "linear"):

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mingru.dispatch import _dispatch_gated
 from mingru.layers._recompute import chunked_forward
 from mingru.min_gru import linear_recurrence, log_recurrence
 
@@ -264,18 +265,30 @@ class ScalarGatedLayer(RecurrentLayer):
     def state_shape(self) -> tuple[int, ...]:
         return (self.hidden,)
 
+    @property
+    def gated_kind(self) -> str:
+        """The recurrence as the fused-gates kernels name it ("gru-log", "lstm-linear", ...)."""
+        raise NotImplementedError
+
     def _log_coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
     def _coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
-    def _forward(self, x: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
-        pre = self.proj_in(x).to(state_dtype(x.dtype))
+    def _unfused(self, pre: Tensor, h0: Tensor | None) -> Tensor:
+        """The states from the pre-activations: the gates in the state dtype, then the dispatched recurrence
+        (the reference of the fused kernels)."""
+        pre = pre.to(state_dtype(pre.dtype))
         if self.mode == "log":
-            h = log_recurrence(*self._log_coefficients(pre), h0)
-        else:
-            h = linear_recurrence(*self._coefficients(pre), h0)
+            return log_recurrence(*self._log_coefficients(pre), h0)
+        return linear_recurrence(*self._coefficients(pre), h0)
+
+    def _forward(self, x: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        pre = self.proj_in(x)
+        if h0 is not None:
+            h0 = h0.to(state_dtype(pre.dtype))
+        h = _dispatch_gated(self.mode, self.gated_kind, self._unfused, pre, h0)
         return self.proj_out(h.to(x.dtype)), h[:, -1].clone()
 
     def _step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:

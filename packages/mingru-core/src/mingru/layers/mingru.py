@@ -48,6 +48,12 @@ class MinGRU(ScalarGatedLayer):
         if negative_gates and self.mode != "linear":
             raise ValueError(f"MinGRU: negative_gates=True requires mode='linear'; got mode={self.mode!r}")
 
+    @property
+    def gated_kind(self) -> str:
+        if self.negative_gates:
+            return "gru-negative"
+        return f"gru-{self.mode}"
+
     def _log_coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
         k, h_tilde = pre.chunk(2, dim=-1)
         return log_gates(k, h_tilde)

@@ -42,6 +42,10 @@ class MinLSTM(ScalarGatedLayer):
     ) -> None:
         super().__init__(dim, expansion, mode, bias, branches=3, recompute=recompute, chunk_len=chunk_len)
 
+    @property
+    def gated_kind(self) -> str:
+        return f"lstm-{self.mode}"
+
     @staticmethod
     def _gate_difference(pre: Tensor) -> tuple[Tensor, Tensor]:
         pre_f, pre_i, h_tilde = pre.chunk(3, dim=-1)
