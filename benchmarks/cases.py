@@ -20,6 +20,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 import mingru
+from mingru.layers._common import log_gates
 from mingru.min_gru import _compose_linear, _compose_log
 from mingru.scans import (
     affine_scan_ref,
@@ -184,6 +185,13 @@ def make_angle(shape: Shape, dtype: torch.dtype, device: torch.device) -> Inputs
     return theta, scale, gamma, b, h0, perm, sgn.to(dtype), p2p
 
 
+def make_gated(shape: Shape, dtype: torch.dtype, device: torch.device) -> Inputs:
+    """MinGRU's pre-activations (B, T, 2 H) in ``dtype`` (gate logits, candidates), h0 (B, H) in float32."""
+    batch, steps, hidden = shape
+    pre = torch.randn(batch, steps, 2 * hidden, device=device) * 2.0
+    return pre.to(dtype), torch.randn(batch, hidden, device=device)
+
+
 def make_layer(shape: Shape, dtype: torch.dtype, device: torch.device) -> Inputs:
     return (torch.randn(shape, device=device).to(dtype),)
 
@@ -197,6 +205,11 @@ def linear_recurrence_ref(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
 
 def log_recurrence_ref(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
     return _compose_log(parallel_scan_log_ref, log_coeffs, log_b, h0)
+
+
+def gated_log_ref(pre: Tensor, h0: Tensor) -> Tensor:
+    """MinGRU's log-mode states from its pre-activations: the layer's gates, then the log recurrence."""
+    return log_recurrence_ref(*log_gates(*pre.to(h0.dtype).chunk(2, dim=-1)), h0)
 
 
 def affine_recurrence_ref(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
@@ -229,6 +242,14 @@ def k1_fwd(s: Shape, i: int) -> int:  # read a, b; write h
 
 def k1_bwd(s: Shape, i: int) -> int:  # read dh, a, h; write da, db
     return 5 * _n(s) * i
+
+
+def gated_fwd(s: Shape, i: int) -> int:  # read pre (gate, candidate); write h (float32)
+    return _n(s) * (2 * i + 4)
+
+
+def gated_bwd(s: Shape, i: int) -> int:  # read pre, h, dh (float32); write d pre
+    return _n(s) * (4 * i + 8)
 
 
 def seed_fwd(s: Shape, i: int) -> int:  # read a, b; write A, Bc
@@ -358,6 +379,18 @@ LOG_PEERS = (
 )
 
 
+def _gated_unfused(pre: Tensor, h0: Tensor) -> Tensor:
+    """The layers' path without the fused kernel: the gates in PyTorch (float32), then the log kernel."""
+    return _ops().RECURRENCE_IMPLS["log"](*log_gates(*pre.to(h0.dtype).chunk(2, dim=-1)), h0)
+
+
+GATED_SHAPES = ((8, 4096, 1024), (8, 16384, 1024))
+GATED_IMPLS = (
+    Impl("mingru", lambda pre, h0: _ops().GATED_IMPLS["gru-log"](pre, h0), ours=True, note="gates fused"),
+    Impl("mingru unfused", _gated_unfused, note="gates in PyTorch, then the log kernel"),
+)
+
+
 def _eager(ref: Callable[..., Any]) -> Impl:
     return Impl("eager (mingru.scans)", ref, slow=True, note="mingru's exact eager reference")
 
@@ -475,6 +508,24 @@ def build(eager: bool = False, full: bool = False) -> list[Case]:
                 K1_TINY,
                 positive=True,
                 quick=shape in QUICK_K1,
+            )
+        )
+    for shape in GATED_SHAPES:
+        cases.append(
+            Case(
+                "gated",
+                "MinGRU log gates + scan",
+                shape,
+                make_gated,
+                gated_log_ref,
+                (*GATED_IMPLS, *extra(gated_log_ref)),
+                (0, 1),
+                gated_fwd,
+                gated_bwd,
+                (2, 300, 256),
+                K1_TINY,
+                positive=True,
+                quick=shape == GATED_SHAPES[0],
             )
         )
     # accuracy of the log scan at T = 65536 (no timing): fp32 relative error, bf16 against rounding

@@ -670,7 +670,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
-        "--groups", type=listed, default=[], help="k1,log,accuracy,affine,angle,layer,seed,diag"
+        "--groups", type=listed, default=[], help="k1,log,gated,accuracy,affine,angle,layer,seed,diag"
     )
     parser.add_argument("--ops", type=listed, default=[], help="substrings of case labels (op and shape)")
     parser.add_argument("--dtypes", type=listed, default=["float32", "bfloat16"])
