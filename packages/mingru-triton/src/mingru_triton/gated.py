@@ -304,10 +304,11 @@ def gated_plan(
 
     16 channels x 64 steps on four warps, 3 stages; MinLSTM's adjoint (``lstm``) 32 x 32. Each program
     computes the gates of its tile (an exponential and a reciprocal or more per element), so the walk wants
-    many warps per SM: one-warp tiles, which serve the plain k = 1 walk, ran 3x-10x slower. On an H200 at
-    (8, 4096, 1024), GPU time in ms of forward / adjoint, float32 and bfloat16 (12 tiles timed):
-    MinGRU log 0.156 / 0.283 and 0.178 / 0.283 (64 x 32 on one warp: 1.09 / 3.10 and 0.76 / 2.82);
-    MinLSTM log 0.248 / 0.612 and 0.251 / 0.660 (its adjoint at 16 x 64: 0.645 and 0.744). On the CPU
+    many warps per SM: one-warp tiles, which serve the plain k = 1 walk, ran 3x-10x slower (the first
+    version of these kernels, 64 x 32 on one warp: 1.09 / 3.10 ms float32, 0.76 / 2.82 ms bfloat16). On an
+    H200 at (8, 4096, 1024), GPU time in ms of forward / adjoint, float32 and bfloat16 (12 tiles timed):
+    MinGRU log 0.156 / 0.283 and 0.178 / 0.283; MinLSTM log 0.248 / 0.612 and 0.251 / 0.660 (its adjoint
+    at 16 x 64: 0.645 and 0.744). On the CPU
     (the interpreter runs every lane) tiles of 16 steps.
     """
     if _FORCED:
