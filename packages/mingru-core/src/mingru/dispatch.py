@@ -246,7 +246,7 @@ def _dispatch_gated(
 
     Where the scan ``op`` ("log" or "linear") would run its kernel and the plugin fuses recurrence ``kind``
     (``GATED_IMPLS[kind](pre, h0)``: the gates formed inside the scan kernel, only the states written), that
-    kernel runs; otherwise, or where it returns None (sizes at which the unfused path is faster),
+    kernel runs; otherwise, or where it returns None (shapes it leaves to the unfused path),
     ``unfused(pre, h0)``: the layer's gates, then the dispatched recurrence (kernel or reference by the usual
     rules). A ``ScanFallback`` of the fused kernel raises ``RuntimeError`` under ``MINGRU_SCAN=triton``;
     under ``auto`` it warns once and the unfused path runs. ``h0`` None means zeros.

@@ -5,7 +5,7 @@
 - ``RECURRENCE_IMPLS``: the layers' path, ``(coefficients, values, h0) -> states`` with the initial state
   fused into the kernel and only the states written.
 - ``GATED_IMPLS``: MinGRU's and MinLSTM's path, ``(pre, h0) -> states`` with the gates fused into the scan
-  as well, or None where the unfused path is the faster one (few chains, long T).
+  as well, or None for shapes left to the unfused path (few chains, long T).
 - :func:`angle_scan_impl`: the angle-fused kernel behind ``mingru.min_gru._dispatch_angle_scan``.
 
 Each wrapper raises ``ScanFallback`` with the reason when the inputs are outside the kernel's envelope
@@ -154,8 +154,8 @@ GATED_IMPLS: dict[str, Callable[[Tensor, Tensor], Tensor | None]] = {
     name: _gated_impl(kind) for kind, name in enumerate(gated.KIND_NAMES)
 }
 """The fused MinGRU/MinLSTM recurrences by kind ("gru-log", "gru-linear", "gru-negative", "lstm-log",
-"lstm-linear"): ``(pre (B, T, G H), h0 (B, H) in the state dtype) -> h (B, T, H)``, or None where the fused
-walk would be slower than the unfused path (:func:`mingru_triton.gated.gated_plan`); ``ScanFallback``
+"lstm-linear"): ``(pre (B, T, G H), h0 (B, H) in the state dtype) -> h (B, T, H)``, or None for shapes left
+to the unfused path (:data:`mingru_triton.gated.FEW_CHAINS_MIN_LENGTH`); ``ScanFallback``
 outside the envelope or on a failed launch."""
 
 
