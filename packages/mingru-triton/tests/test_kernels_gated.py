@@ -138,7 +138,9 @@ def test_plan_widths_and_the_few_chains_rule():
     assert plan(8, 4096, 1024, 2, backward=False) == gated.GatedPlan(16, 64, 4, 3)
     assert plan(8, 4096, 1024, 4, backward=True) == gated.GatedPlan(16, 64, 4, 3)
     assert plan(8, 4096, 1024, 4, backward=True, lstm=True) == gated.GatedPlan(32, 32, 4, 3)
-    assert plan(1, 65536, 256, 4, backward=False) is None  # 16 chains: the unfused path spreads T
+    assert plan(1, 65536, 256, 4, backward=False) is None  # 16 programs: the unfused path spreads T
+    assert plan(1, 16384, 512, 2, backward=True) is None  # 32 programs
+    assert plan(2, 4096, 512, 4, backward=False) is not None  # 64 programs: the walk was 1.6x faster
     assert plan(1, 512, 256, 4, backward=False) is not None  # short T: the walk is short too
     assert plan(8, 4096, 1024, 4, backward=False, cpu=True).block_t == 16
 

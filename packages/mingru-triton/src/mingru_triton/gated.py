@@ -272,9 +272,15 @@ class GatedPlan(NamedTuple):
 
 _FORCED: list[GatedPlan] = []
 FEW_CHAINS_MIN_LENGTH = 1024
-"""With fewer programs than half the SMs at 16 channels and T at least this, :func:`gated_plan` returns None
-and the layers keep their unfused path (gates, then the k = 1 or log kernels, which spread T over the SMs,
-where one program per chain leaves most SMs idle). A rule, not timed against the fused walk at such shapes."""
+FEW_CHAINS_FILL = 3 / 8
+"""With fewer 16-channel programs than this fraction of the SMs and T >= :data:`FEW_CHAINS_MIN_LENGTH`,
+:func:`gated_plan` returns None and the layers keep their unfused path (the gates in PyTorch, then the k = 1
+or log kernels, which spread T over the SMs). Below one program per SM the walk's time grows with T alone
+(about 60 ns a step forward+backward on an H200), the unfused path's with B T H, so the crossover is a
+program count. H200, MinGRU log, GPU time of forward+backward in ms, fused / unfused, float32 (bfloat16):
+16 programs (1, 65536, 256) 3.93 / 1.57 (4.36 / 1.71); 32 programs (1, 16384, 512) 0.99 / 0.81
+(1.10 / 0.88); 64 programs (2, 4096, 512), (4, 4096, 256), (1, 4096, 1024) 0.25 / 0.40 (0.28 / 0.44);
+128 programs (1, 8192, 2048) 0.50 / 1.52 (0.55 / 1.66)."""
 
 
 @contextlib.contextmanager
@@ -301,7 +307,7 @@ def gated_plan(
     lstm: bool = False,
 ) -> GatedPlan | None:
     """The walk's tiles for ``rows`` x ``hidden`` channels of ``length`` steps, or None where the fused walk
-    would have too few programs for a long T (:data:`FEW_CHAINS_MIN_LENGTH`).
+    would have too few programs for a long T (:data:`FEW_CHAINS_FILL`).
 
     16 channels x 64 steps on four warps, 3 stages; MinLSTM's adjoint (``lstm``) 32 x 32. Each program
     computes the gates of its tile (an exponential and a reciprocal or more per element), so the walk wants
@@ -314,7 +320,7 @@ def gated_plan(
     """
     if _FORCED:
         return _FORCED[-1]
-    if rows * cdiv(hidden, 16) < sms // 2 and length >= FEW_CHAINS_MIN_LENGTH:
+    if rows * cdiv(hidden, 16) < FEW_CHAINS_FILL * sms and length >= FEW_CHAINS_MIN_LENGTH:
         return None
     block_j, block_t = (32, 32) if backward and lstm else (16, 64)
     return GatedPlan(block_j, 16 if cpu else block_t, 4, 3)

@@ -155,7 +155,7 @@ GATED_IMPLS: dict[str, Callable[[Tensor, Tensor], Tensor | None]] = {
 }
 """The fused MinGRU/MinLSTM recurrences by kind ("gru-log", "gru-linear", "gru-negative", "lstm-log",
 "lstm-linear"): ``(pre (B, T, G H), h0 (B, H) in the state dtype) -> h (B, T, H)``, or None for shapes left
-to the unfused path (:data:`mingru_triton.gated.FEW_CHAINS_MIN_LENGTH`); ``ScanFallback``
+to the unfused path (:data:`mingru_triton.gated.FEW_CHAINS_FILL`); ``ScanFallback``
 outside the envelope or on a failed launch."""
 
 
