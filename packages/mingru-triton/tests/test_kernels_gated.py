@@ -172,3 +172,36 @@ def test_layers_take_the_fused_kernel(kind, monkeypatch):
 def test_fused_kernel_equals_the_unfused_path_on_cuda(kind, dtype, monkeypatch):
     _check_kind(kind, 3, 2000, 300, dtype, monkeypatch)
     _check_kind(kind, 8, 320, 1024, dtype, monkeypatch)
+
+
+@marked(on_interpreter)
+def test_layer_under_autocast_hands_the_bfloat16_projection_to_the_kernel(monkeypatch):
+    """Under autocast the projection arrives in bfloat16: the kernel takes it as it is (float32 states), and
+    the layer equals its unfused eager path under the same autocast."""
+    import mingru_triton
+
+    seen = []
+    fused = mingru_triton.GATED_IMPLS["gru-log"]
+
+    def recorded(pre, h0):
+        seen.append(pre.dtype)
+        return fused(pre, h0)
+
+    monkeypatch.setitem(mingru_triton.GATED_IMPLS, "gru-log", recorded)
+    torch.manual_seed(0)
+    layer = MinGRU(6)
+    x = torch.randn(2, 9, 6)
+    results = {}
+    for mode in ("triton", "eager"):
+        monkeypatch.setenv("MINGRU_SCAN", mode)
+        leaf = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, final = layer(leaf)
+        grads = torch.autograd.grad(y.sum() + final.square().sum(), [leaf, layer.proj_in.weight])
+        results[mode] = (y, final, *grads)
+    assert seen == [torch.bfloat16]
+    assert results["triton"][1].dtype == torch.float32
+    names = ("y", "final", "d x", "d W")
+    for what, got, want in zip(names, results["triton"], results["eager"], strict=True):
+        tol = 1e-5 if what in ("y", "final") else 2e-2  # gradients pass through bfloat16 d pre
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m, w=what: f"{w}: {m}")
