@@ -387,7 +387,7 @@ def test_a_declining_fused_kernel_warns_once_under_auto_and_raises_under_triton(
     kernel = GatedKernel(decline="too odd")
     layer, unfused = _gated_layer_call(monkeypatch, kernel)
     x = torch.randn(2, 5, 4)
-    warning = r"fused gru-log recurrence declined \(too odd\); its gates and scan run unfused"
+    warning = r"the fused gru-log recurrence declined, its gates and scan run unfused: too odd"
     with pytest.warns(RuntimeWarning, match=warning):
         _, final = layer(x)
     assert len(unfused) == 1 and torch.equal(final, torch.ones(2, 4))

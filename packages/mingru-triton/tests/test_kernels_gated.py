@@ -135,14 +135,16 @@ def test_errors_name_the_argument():
 
 def test_plan_widths_and_the_few_chains_rule():
     plan = gated.gated_plan
-    assert plan(8, 4096, 1024, 2, backward=False) == gated.GatedPlan(16, 64, 4, 3)
-    assert plan(8, 4096, 1024, 4, backward=True) == gated.GatedPlan(16, 64, 4, 3)
-    assert plan(8, 4096, 1024, 4, backward=True, lstm=True) == gated.GatedPlan(32, 32, 4, 3)
-    assert plan(1, 65536, 256, 4, backward=False) is None  # 16 programs: the unfused path spreads T
-    assert plan(1, 16384, 512, 2, backward=True) is None  # 32 programs
-    assert plan(2, 4096, 512, 4, backward=False) is not None  # 64 programs: the walk was 1.6x faster
-    assert plan(1, 512, 256, 4, backward=False) is not None  # short T: the walk is short too
-    assert plan(8, 4096, 1024, 4, backward=False, cpu=True).block_t == 16
+    assert plan(backward=False) == gated.GatedPlan(16, 64, 4, 3)
+    assert plan(backward=True) == gated.GatedPlan(16, 64, 4, 3)
+    assert plan(backward=True, lstm=True) == gated.GatedPlan(32, 32, 4, 3)
+    assert plan(backward=False, cpu=True).block_t == 16
+    few = gated.leaves_to_unfused
+    assert not few(8, 4096, 1024)  # 512 programs
+    assert few(1, 65536, 256)  # 16 programs: the unfused path spreads T
+    assert few(1, 16384, 512)  # 32 programs
+    assert not few(2, 4096, 512)  # 64 programs: the walk was 1.6x faster
+    assert not few(1, 512, 256)  # short T: the walk is short too
 
 
 @marked(on_interpreter)

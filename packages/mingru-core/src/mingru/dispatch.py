@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from mingru._checks import compute_dtype
 from mingru.scans.affine import _affine_scan, check_affine_inputs
 from mingru.scans.angle import _angle_scan, check_angle_inputs
 from mingru.scans.diag import _diag_scan, check_diag_inputs
@@ -120,12 +121,14 @@ def _recurrence_kernel_for(op: str) -> Callable[..., Any] | None:
 
 
 @_constant_under_compile
-def _warn_once(op: str, reason: str) -> bool:
-    """Warn once per (op, reason) that a scan runs its reference; runs at trace time under torch.compile."""
+def _warn_once(op: str, reason: str, what: str = "") -> bool:
+    """Warn once per (op, reason) that a scan runs its reference (or ``what`` happens instead); runs at trace
+    time under torch.compile."""
     if (op, reason) in _WARNED:
         return False
     _WARNED.add((op, reason))
-    warnings.warn(f"mingru: the {op!r} scan runs its eager reference: {reason}", RuntimeWarning, stacklevel=4)
+    what = what or f"the {op!r} scan runs its eager reference"
+    warnings.warn(f"mingru: {what}: {reason}", RuntimeWarning, stacklevel=4)
     return True
 
 
@@ -256,31 +259,17 @@ def _dispatch_gated(
     if kernel is None:
         return unfused(pre, h0)
     g = 3 if kind.startswith("lstm") else 2
-    state = h0 if h0 is not None else pre.new_zeros((pre.shape[0], pre.shape[2] // g), dtype=_state(pre))
+    state_shape = (pre.shape[0], pre.shape[2] // g)
+    state = h0 if h0 is not None else pre.new_zeros(state_shape, dtype=compute_dtype(pre.dtype))
     try:
         h = kernel(pre, state)
     except ScanFallback as exc:
         if mode == "triton":
             _declined(op, f"fused {kind} recurrence", mode, exc)
-        _warn_unfused_once(kind, exc.args[0] if exc.args else "the kernel declined the call")
+        what = f"the fused {kind} recurrence declined, its gates and scan run unfused"
+        _warn_once(f"gated {kind}", exc.args[0] if exc.args else "the kernel declined the call", what)
         h = None
     return unfused(pre, h0) if h is None else h
-
-
-@_constant_under_compile
-def _warn_unfused_once(kind: str, reason: str) -> bool:
-    """Warn once per (kind, reason) that a fused-gates kernel declined and the unfused path runs."""
-    key = (f"gated {kind}", reason)
-    if key in _WARNED:
-        return False
-    _WARNED.add(key)
-    message = f"mingru: the fused {kind} recurrence declined ({reason}); its gates and scan run unfused"
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
-    return True
-
-
-def _state(x: Tensor) -> torch.dtype:
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 def _state_shape(op: str, values: Tensor) -> tuple[int, ...]:

@@ -23,7 +23,6 @@ projection's dtype.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -42,7 +41,6 @@ from mingru_triton._launch import (
     grad_or_zeros,
     is_fp64,
     launch,
-    num_sms,
     on_kernel_device,
 )
 
@@ -54,6 +52,7 @@ __all__ = [
     "gated_plan",
     "gated_recurrence_bwd",
     "gated_recurrence_fwd",
+    "leaves_to_unfused",
     "recurrence",
 ]
 
@@ -274,7 +273,7 @@ _FORCED: list[GatedPlan] = []
 FEW_CHAINS_MIN_LENGTH = 1024
 FEW_CHAINS_FILL = 3 / 8
 """With fewer 16-channel programs than this fraction of the SMs and T >= :data:`FEW_CHAINS_MIN_LENGTH`,
-:func:`gated_plan` returns None and the layers keep their unfused path (the gates in PyTorch, then the k = 1
+:func:`leaves_to_unfused` holds and the layers keep their unfused path (the gates in PyTorch, then the k = 1
 or log kernels, which spread T over the SMs). Below one program per SM the walk's time grows with T alone
 (about 60 ns a step forward+backward on an H200), the unfused path's with B T H, so the crossover is a
 program count. H200, MinGRU log, GPU time of forward+backward in ms, fused / unfused, float32 (bfloat16):
@@ -296,47 +295,28 @@ def force_plan(plan: GatedPlan) -> Iterator[None]:
         _FORCED.pop()
 
 
-def gated_plan(
-    rows: int,
-    length: int,
-    hidden: int,
-    itemsize: int,
-    backward: bool,
-    sms: int = 132,
-    cpu: bool = False,
-    lstm: bool = False,
-) -> GatedPlan | None:
-    """The walk's tiles for ``rows`` x ``hidden`` channels of ``length`` steps, or None where the fused walk
-    would have too few programs for a long T (:data:`FEW_CHAINS_FILL`).
+def gated_plan(backward: bool, lstm: bool = False, cpu: bool = False) -> GatedPlan:
+    """The walk's tiles: 16 channels x 64 steps on four warps, 3 stages; MinLSTM's adjoint (``lstm``) 32 x 32;
+    on the CPU (the interpreter runs every lane) tiles of 16 steps. The plan forced by :func:`force_plan`
+    within its block.
 
-    16 channels x 64 steps on four warps, 3 stages; MinLSTM's adjoint (``lstm``) 32 x 32. Each program
-    computes the gates of its tile (an exponential and a reciprocal or more per element), so the walk wants
-    many warps per SM: one-warp tiles, which serve the plain k = 1 walk, ran 3x-10x slower (the first
-    version of these kernels, 64 x 32 on one warp: 1.09 / 3.10 ms float32, 0.76 / 2.82 ms bfloat16). On an
-    H200 at (8, 4096, 1024), GPU time in ms of forward / adjoint, float32 and bfloat16 (12 tiles timed):
-    MinGRU log 0.156 / 0.283 and 0.178 / 0.283; MinLSTM log 0.248 / 0.612 and 0.251 / 0.660 (its adjoint
-    at 16 x 64: 0.645 and 0.744). On the CPU
-    (the interpreter runs every lane) tiles of 16 steps.
+    Each program computes the gates of its tile (an exponential and a reciprocal or more per element), so the
+    walk wants many warps per SM: one-warp tiles, which serve the plain k = 1 walk, ran 3x-10x slower (the
+    first version of these kernels, 64 x 32 on one warp: 1.09 / 3.10 ms float32, 0.76 / 2.82 ms bfloat16).
+    On an H200 at (8, 4096, 1024), GPU time in ms of forward / adjoint, float32 and bfloat16 (12 tiles
+    timed): MinGRU log 0.156 / 0.283 and 0.178 / 0.283; MinLSTM log 0.248 / 0.612 and 0.251 / 0.660 (its
+    adjoint at 16 x 64: 0.645 and 0.744).
     """
     if _FORCED:
         return _FORCED[-1]
-    if rows * cdiv(hidden, 16) < FEW_CHAINS_FILL * sms and length >= FEW_CHAINS_MIN_LENGTH:
-        return None
     block_j, block_t = (32, 32) if backward and lstm else (16, 64)
     return GatedPlan(block_j, 16 if cpu else block_t, 4, 3)
 
 
-_cached_plan = functools.lru_cache(maxsize=256)(gated_plan)
-
-
-def plan_for(pre: Tensor, kind: int, backward: bool) -> GatedPlan | None:
-    """:func:`gated_plan` for ``pre`` (B, T, G H) of recurrence ``kind`` on its device."""
-    rows, length, gh = pre.shape
-    g = branches(kind)
-    cpu = pre.device.type != "cuda"
-    args = (rows, length, gh // g, pre.element_size(), backward, num_sms(pre.device), cpu, g == 3)
-    plain = all(type(x) is int for x in (rows, length, gh)) and not torch.compiler.is_compiling()
-    return _cached_plan(*args) if plain and not _FORCED else gated_plan(*args)
+def leaves_to_unfused(rows: int, length: int, hidden: int, sms: int = 132) -> bool:
+    """Whether ``rows`` x ``hidden`` channels of ``length`` steps are too few chains for the walk
+    (:data:`FEW_CHAINS_FILL`): the layers then keep their unfused path."""
+    return rows * cdiv(hidden, 16) < FEW_CHAINS_FILL * sms and length >= FEW_CHAINS_MIN_LENGTH
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -415,9 +395,8 @@ def _flags(kind: int) -> dict[str, int]:
     return {"LSTM": lstm, "LOG_G": log_g, "NEG": neg}
 
 
-def _walk_plan(pre: Tensor, kind: int, backward: bool) -> GatedPlan:
-    # A plan of None only steers the choice of path (impls); called directly, the op still runs.
-    return plan_for(pre, kind, backward) or GatedPlan(16, 16 if pre.device.type != "cuda" else 64, 4, 3)
+def _plan(pre: Tensor, kind: int, backward: bool) -> GatedPlan:
+    return gated_plan(backward, lstm=branches(kind) == 3, cpu=pre.device.type != "cuda")
 
 
 def _forward(pre: Tensor, h0: Tensor, kind: int) -> Tensor:
@@ -426,7 +405,7 @@ def _forward(pre: Tensor, h0: Tensor, kind: int) -> Tensor:
     rows, length, _ = pre.shape
     hidden = h0.shape[1]
     h = torch.empty((rows, length, hidden), dtype=h0.dtype, device=pre.device)
-    plan = _walk_plan(pre, kind, backward=False)
+    plan = _plan(pre, kind, backward=False)
     njb = cdiv(hidden, plan.block_j)
     launch(
         _gated_fwd_kernel, (rows * njb,), pre, h0, h, length, hidden, njb, **_flags(kind),
@@ -443,7 +422,7 @@ def _backward(pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, kind: int) -> 
     hidden = h0.shape[1]
     d_pre = torch.empty_like(pre)
     d_h0 = torch.empty_like(h0)
-    plan = _walk_plan(pre, kind, backward=True)
+    plan = _plan(pre, kind, backward=True)
     njb = cdiv(hidden, plan.block_j)
     launch(
         _gated_bwd_kernel, (rows * njb,), pre, h0, h, grad_h, d_pre, d_h0, length, hidden, njb,

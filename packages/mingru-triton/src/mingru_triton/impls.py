@@ -23,7 +23,7 @@ from torch import Tensor
 from mingru.dispatch import ScanFallback
 from mingru.scans.angle import check_angle_inputs
 from mingru_triton import affine, angle, diag, gated, linear, log
-from mingru_triton._launch import FLOAT_DTYPES, on_kernel_device
+from mingru_triton._launch import FLOAT_DTYPES, num_sms, on_kernel_device
 
 __all__ = ["GATED_IMPLS", "RECURRENCE_IMPLS", "SCAN_IMPLS", "angle_scan_impl"]
 
@@ -142,8 +142,10 @@ def _gated_impl(kind: int) -> Callable[[Tensor, Tensor], Tensor | None]:
 
     def run(pre: Tensor, h0: Tensor) -> Tensor | None:
         reason = _first(_common_envelope(op, {"pre": pre, "h0": h0}), gated.gated_envelope(pre, h0, kind))
-        if reason is None and gated.plan_for(pre, kind, backward=False) is None:
-            return None
+        if reason is None:
+            rows, length, width = pre.shape
+            if gated.leaves_to_unfused(rows, length, width // gated.branches(kind), num_sms(pre.device)):
+                return None
         return _run(op, reason, lambda: gated.recurrence(kind, pre, h0))
 
     run.__name__ = run.__qualname__ = f"gated_{gated.KIND_NAMES[kind].replace('-', '_')}_impl"
@@ -155,7 +157,7 @@ GATED_IMPLS: dict[str, Callable[[Tensor, Tensor], Tensor | None]] = {
 }
 """The fused MinGRU/MinLSTM recurrences by kind ("gru-log", "gru-linear", "gru-negative", "lstm-log",
 "lstm-linear"): ``(pre (B, T, G H), h0 (B, H) in the state dtype) -> h (B, T, H)``, or None for shapes left
-to the unfused path (:data:`mingru_triton.gated.FEW_CHAINS_FILL`); ``ScanFallback``
+to the unfused path (:func:`mingru_triton.gated.leaves_to_unfused`); ``ScanFallback``
 outside the envelope or on a failed launch."""
 
 

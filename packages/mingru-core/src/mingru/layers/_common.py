@@ -286,8 +286,6 @@ class ScalarGatedLayer(RecurrentLayer):
 
     def _forward(self, x: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
         pre = self.proj_in(x)
-        if h0 is not None:
-            h0 = h0.to(state_dtype(pre.dtype))
         h = _dispatch_gated(self.mode, self.gated_kind, self._unfused, pre, h0)
         return self.proj_out(h.to(x.dtype)), h[:, -1].clone()
 
