@@ -3,14 +3,20 @@
 Sessions keep their virtual environments under ``.nox`` and reuse them, so a second run installs
 nothing new. Packages under test are installed without build isolation (hatchling is installed into
 each environment), so no run needs the network once the environments exist.
+
+With ``MINGRU_NOX_DISCARD=1`` each session deletes its environment when it ends, pass or fail, so that the
+disk holds one environment at a time (about 2 GB for torch 2.13 with triton, 7 GB for the CUDA build of
+torch 2.8) instead of all of them; ``.ci/run`` sets it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -39,6 +45,7 @@ TRITON_FOR_TORCH = {"2.13.0": "triton==3.9.0", "2.11.0": "triton==3.6.0", "2.8.0
 # no longer converts to Python ints (any `range()` over a runtime bound fails there); numpy 2.3 works.
 NUMPY_FOR_TORCH = {"2.13.0": "numpy", "2.11.0": "numpy<2.4", "2.8.0": "numpy<2.4"}
 HATCHLING = "hatchling>=1.24"
+DISCARD_ENV = "MINGRU_NOX_DISCARD"
 EDITABLE_BUILD_TOOLS = (HATCHLING, "editables")
 
 CORE_ONLY_SMOKE = """
@@ -87,7 +94,27 @@ print("entry point mingru.backends:triton ->", entry_point.value)
 """
 
 
+def _discard_after(func: Callable[..., None]) -> Callable[..., None]:
+    """Run a session, then delete its virtual environment when ``MINGRU_NOX_DISCARD`` is ``1``."""
+
+    @functools.wraps(func)
+    def run(session: nox.Session, **params: str) -> None:
+        value = os.environ.get(DISCARD_ENV, "0")
+        if value not in ("0", "1"):
+            session.error(f"{DISCARD_ENV} must be 0 or 1; got {value!r}")
+        try:
+            func(session, **params)
+        finally:
+            location = getattr(session.virtualenv, "location", None)
+            if value == "1" and location and Path(location).is_relative_to(ROOT / ".nox"):
+                shutil.rmtree(location, ignore_errors=True)
+                session.log(f"{DISCARD_ENV}=1: deleted {location}")
+
+    return run
+
+
 @nox.session
+@_discard_after
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole repository."""
     session.install(RUFF)
@@ -96,6 +123,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+@_discard_after
 def typecheck(session: nox.Session) -> None:
     """mypy over the three packages' sources, with the settings of the root pyproject.toml."""
     session.install(MYPY, f"torch=={DEFAULT_TORCH}", "numpy")
@@ -104,6 +132,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 @nox.parametrize("torch", list(TRITON_FOR_TORCH))
+@_discard_after
 def tests(session: nox.Session, torch: str) -> None:
     """Every package's tests on one torch release (editable installs), then the tests marked ``interpret``.
 
@@ -127,6 +156,7 @@ def tests(session: nox.Session, torch: str) -> None:
 
 
 @nox.session
+@_discard_after
 def compile(session: nox.Session) -> None:
     """The CPU part of mingru-compile (tests marked ``compile``) on torch 2.13.0: full-graph compiles of every
     scan and layer, dynamic sequence lengths, the fake-tensor contract of every op; TRITON_INTERPRET unset
@@ -143,6 +173,7 @@ def compile(session: nox.Session) -> None:
 
 
 @nox.session
+@_discard_after
 def core_only(session: nox.Session) -> None:
     """mingru-core alone (installed from its folder, not editable) on torch 2.13.0 without triton."""
     session.install(f"torch=={DEFAULT_TORCH}", "pytest", "numpy", HATCHLING)
@@ -154,6 +185,7 @@ def core_only(session: nox.Session) -> None:
 
 
 @nox.session
+@_discard_after
 def build(session: nox.Session) -> None:
     """Wheel and sdist of each package into dist/; the wheels installed (no deps) and smoke-imported."""
     session.install("build", HATCHLING, f"torch=={DEFAULT_TORCH}")
@@ -179,6 +211,7 @@ WHEELS = ROOT / ".whl"
 
 
 @nox.session
+@_discard_after
 def bench_smoke(session: nox.Session) -> None:
     """The benchmark runner (and its summary rebuilt from its CSV), the launch-configuration sweeps, the
     host-overhead probe and the k = 1 strategy timer on tiny shapes on the CPU (kernels under the Triton
@@ -208,6 +241,7 @@ def bench_smoke(session: nox.Session) -> None:
 
 
 @nox.session
+@_discard_after
 def gpu_wheels(session: nox.Session) -> None:
     """Build the three wheels into .whl/ for scripts/gpu_tests.sh on a CUDA machine without network."""
     session.install("build", HATCHLING)
@@ -226,6 +260,7 @@ def gpu_tests(session: nox.Session) -> None:
 
 
 @nox.session
+@_discard_after
 def docs(session: nox.Session) -> None:
     """Build the documentation site with mkdocs --strict into site/."""
     session.install("mkdocs==1.6.1", "mkdocs-material==9.8.2")
@@ -234,6 +269,7 @@ def docs(session: nox.Session) -> None:
 
 
 @nox.session
+@_discard_after
 def demo(session: nox.Session) -> None:
     """Train a small MinGRU language model with mingru-core alone; arguments after -- go to the script."""
     session.install(f"torch=={DEFAULT_TORCH}", "numpy", *EDITABLE_BUILD_TOOLS)
