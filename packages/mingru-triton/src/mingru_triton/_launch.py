@@ -140,6 +140,27 @@ def is_fp64(x: Tensor) -> int:
     return int(x.dtype == torch.float64)
 
 
+_PLAIN_MATH: list[None] = []
+
+
+@contextlib.contextmanager
+def plain_math() -> Iterator[None]:
+    """Within the block the kernels launch with FAST = 0: Triton's own exp and division (tests compare the
+    two paths' bits, benchmarks time them)."""
+    _PLAIN_MATH.append(None)
+    try:
+        yield
+    finally:
+        _PLAIN_MATH.pop()
+
+
+def fast_math(x: Tensor) -> int:
+    """The kernels' FAST flag for inputs like ``x``: 1 where the single-instruction exp and reciprocal of
+    :mod:`mingru_triton._math` may run (compiled kernels, float32 accumulation), 0 for float64, under the
+    Triton interpreter (no inline assembly there) and within :func:`plain_math`."""
+    return int(x.dtype != torch.float64 and not interpret_requested() and not _PLAIN_MATH)
+
+
 def common_case(
     first: Tensor, same: Sequence[Tensor] = (), state: Tensor | None = None, device_type: str = "cuda"
 ) -> bool:

@@ -33,11 +33,13 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_shape
+from mingru_triton import _math as fm
 from mingru_triton._launch import (
     _PLAIN,
     FLOAT_DTYPES,
     cdiv,
     eager_path,
+    fast_math,
     grad_or_zeros,
     is_fp64,
     launch,
@@ -80,10 +82,10 @@ def _acc(x, FP64: tl.constexpr):
 
 
 @triton.jit
-def _gate(k):
+def _gate(k, FAST: tl.constexpr):
     """(z, 1 - z) = (sigmoid(k), sigmoid(-k)) from one exponential, each to its own relative precision."""
-    e = tl.exp(-tl.abs(k))
-    r = 1.0 / (1.0 + e)
+    e = fm.exp(-tl.abs(k), FAST)
+    r = fm.rcp(1.0 + e, FAST)
     small = e * r
     return tl.where(k >= 0, r, small), tl.where(k >= 0, small, r)
 
@@ -126,11 +128,11 @@ def _coefficient(z, zn, NEG: tl.constexpr):
 
 
 @triton.jit
-def _candidate(v, LOG_G: tl.constexpr):
+def _candidate(v, LOG_G: tl.constexpr, FAST: tl.constexpr):
     """(g(v), g'(v)): v + 1/2 and 1 for v >= 0, sigmoid(v) and its slope below (LOG_G); else v and 1."""
     if LOG_G:
-        e = tl.exp(tl.minimum(v, 0.0))
-        s = e / (1.0 + e)  # sigmoid(v) for v < 0
+        e = fm.exp(tl.minimum(v, 0.0), FAST)
+        s = fm.div(e, 1.0 + e, FAST)  # sigmoid(v) for v < 0
         g = tl.where(v >= 0, v + 0.5, s)
         dg = tl.where(v >= 0, 1.0, s * (1.0 - s))
     else:
@@ -150,6 +152,7 @@ def _gated_fwd_kernel(
     LSTM: tl.constexpr,
     LOG_G: tl.constexpr,
     NEG: tl.constexpr,
+    FAST: tl.constexpr,
     STAGES: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_J: tl.constexpr,
@@ -175,8 +178,8 @@ def _gated_fwd_kernel(
         step = r * L + s0
         pptr = pre_ptr + step * width + pin
         k, _, _ = _logits(pptr, m2, H, LSTM, FP64)
-        z, zn = _gate(k)
-        g, _ = _candidate(_load(pptr + vshift, m2, FP64), LOG_G)
+        z, zn = _gate(k, FAST)
+        g, _ = _candidate(_load(pptr + vshift, m2, FP64), LOG_G, FAST)
         # Steps past L sit after every valid step in the tile: they change nothing that is stored.
         p, h = tl.associative_scan((_coefficient(z, zn, NEG), z * g), 0, _compose)
         h = h + p * carry[None, :]
@@ -198,6 +201,7 @@ def _gated_bwd_kernel(
     LSTM: tl.constexpr,
     LOG_G: tl.constexpr,
     NEG: tl.constexpr,
+    FAST: tl.constexpr,
     STAGES: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_J: tl.constexpr,
@@ -230,7 +234,7 @@ def _gated_bwd_kernel(
         # a_{t+1}, from the pre-activations one step later; 0 past the end (the carry into it is 0).
         nok = ((t >= 0) & (t + 1 < L))[:, None] & mask_j[None, :]
         kn, _, _ = _logits(pptr + width, nok, H, LSTM, FP64)
-        z_next, zn_next = _gate(kn)
+        z_next, zn_next = _gate(kn, FAST)
         a_next = tl.where(nok, _coefficient(z_next, zn_next, NEG), 0.0)
         p, g = tl.associative_scan((a_next, _load(dh_ptr + step * H + hin, m2, FP64)), 0, _compose)
         g = g + p * carry[None, :]
@@ -238,15 +242,15 @@ def _gated_bwd_kernel(
         pok = (t >= 1)[:, None] & mask_j[None, :]
         h_prev = tl.where(pok, _load(hptr - H, pok, FP64), h0[None, :])
         k, f, i = _logits(pptr, m2, H, LSTM, FP64)
-        z, zn = _gate(k)
-        gv, dgv = _candidate(_load(pptr + vshift, m2, FP64), LOG_G)
+        z, zn = _gate(k, FAST)
+        gv, dgv = _candidate(_load(pptr + vshift, m2, FP64), LOG_G, FAST)
         dk = z * zn * g * (gv - (2.0 * h_prev if NEG else h_prev))
         d0 += tl.sum(tl.where((t == 0)[:, None], _coefficient(z, zn, NEG) * g, 0.0), axis=0)
         ty = dpre_ptr.dtype.element_ty
         dptr = dpre_ptr + step * width + pin
         if LSTM:
-            _, fn = _gate(f)
-            _, i_n = _gate(i)
+            _, fn = _gate(f, FAST)
+            _, i_n = _gate(i, FAST)
             tl.store(dptr, (-dk * fn).to(ty), mask=m2)
             tl.store(dptr + H, (dk * i_n).to(ty), mask=m2)
         else:
@@ -409,8 +413,8 @@ def _forward(pre: Tensor, h0: Tensor, kind: int) -> Tensor:
     njb = cdiv(hidden, plan.block_j)
     launch(
         _gated_fwd_kernel, (rows * njb,), pre, h0, h, length, hidden, njb, **_flags(kind),
-        STAGES=plan.num_stages, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(h0),
-        num_warps=plan.num_warps,
+        FAST=fast_math(h0), STAGES=plan.num_stages, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j,
+        FP64=is_fp64(h0), num_warps=plan.num_warps,
     )  # fmt: skip
     return h
 
@@ -426,8 +430,8 @@ def _backward(pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, kind: int) -> 
     njb = cdiv(hidden, plan.block_j)
     launch(
         _gated_bwd_kernel, (rows * njb,), pre, h0, h, grad_h, d_pre, d_h0, length, hidden, njb,
-        **_flags(kind), STAGES=plan.num_stages, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j,
-        FP64=is_fp64(h0), num_warps=plan.num_warps,
+        **_flags(kind), FAST=fast_math(h0), STAGES=plan.num_stages, BLOCK_T=plan.block_t,
+        BLOCK_J=plan.block_j, FP64=is_fp64(h0), num_warps=plan.num_warps,
     )  # fmt: skip
     return d_pre, d_h0
 

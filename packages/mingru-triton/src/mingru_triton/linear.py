@@ -46,10 +46,12 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
+from mingru_triton import _math as fm
 from mingru_triton._launch import (
     cdiv,
     common_case,
     eager_path,
+    fast_math,
     grad_or_zeros,
     is_fp64,
     launch,
@@ -320,6 +322,7 @@ def _lookback_kernel(
     DINIT: tl.constexpr,
     EXP_COEF: tl.constexpr,
     EXP_U: tl.constexpr,
+    FAST: tl.constexpr,
     LOG_GRADS: tl.constexpr,
     BAIL: tl.constexpr,
     H0_SLOT: tl.constexpr,
@@ -374,7 +377,7 @@ def _lookback_kernel(
     lbase = slot_base if H0_SLOT and LOG_GRADS else base
     m2 = valid[:, None] & mask_j[None, :]
     if EXP_U:
-        u = tl.exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64))
+        u = fm.exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64), FAST)
     else:
         u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
     pad = 0.0 if EXP_COEF else 1.0  # the stored coefficient that stands for 1
@@ -390,7 +393,7 @@ def _lookback_kernel(
         if tl.max(tl.max(a, axis=1), axis=0) > 0.0:
             tl.atomic_xchg(flag_ptr + CHAINS * NT + 1, 1)
     if EXP_COEF:
-        a = tl.exp(a)
+        a = fm.exp(a, FAST)
     p, h = tl.associative_scan((a, u), 0, _compose)
     last = (lanes_t == BLOCK_T - 1)[:, None]
     p_end = tl.sum(tl.where(last, p, 0.0), axis=0)
@@ -433,7 +436,7 @@ def _lookback_kernel(
     h = h + p * carry[None, :]
     if LOG_GRADS:
         lb = _acc(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FP64)
-        tl.store(hout_ptr + lbase + inside, (h * tl.exp(lb)).to(hout_ptr.dtype.element_ty), mask=m2)
+        tl.store(hout_ptr + lbase + inside, (h * fm.exp(lb, FAST)).to(hout_ptr.dtype.element_ty), mask=m2)
     else:
         tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
     if DA:
@@ -447,7 +450,7 @@ def _lookback_kernel(
             hp = tl.where(pok[:, None], hp, h0[None, :])
         grad = h * hp
         if LOG_GRADS:
-            grad = grad * tl.exp(_acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64))
+            grad = grad * fm.exp(_acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64), FAST)
         tl.store(da_ptr + base + inside, grad.to(da_ptr.dtype.element_ty), mask=m2)
     if DINIT:  # noqa: SIM102 (a constexpr test around a runtime one)
         if k == NT - 1:
@@ -489,6 +492,7 @@ def _pipelined_kernel(
     PREV_X: tl.constexpr,
     EXP_COEF: tl.constexpr,
     EXP_U: tl.constexpr,
+    FAST: tl.constexpr,
     LOG_GRADS: tl.constexpr,
     BAIL: tl.constexpr,
     H0_SLOT: tl.constexpr,
@@ -555,7 +559,7 @@ def _pipelined_kernel(
         base = base0 + s0 * dstep
         if EXP_U:
             ubase = ubase0 + s0 * dstep
-            u = tl.exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64))
+            u = fm.exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64), FAST)
         else:
             u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
         if SHIFT:
@@ -568,7 +572,7 @@ def _pipelined_kernel(
         if BAIL:
             worst = tl.maximum(worst, tl.max(a, axis=0))
         if EXP_COEF:
-            a = tl.exp(a)
+            a = fm.exp(a, FAST)
         if HAS_UX:
             ux = _acc(tl.load(ux_ptr + base + inside, mask=m2, other=0.0), FP64)
         # Steps past L carry u = 0 and a = pad: with a = 1 the state at the tile's last row is the state at
@@ -597,7 +601,7 @@ def _pipelined_kernel(
         if LOG_GRADS:
             lbase = lbase0 + s0 * dstep
             lb = _acc(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FP64)
-            tl.store(hout_ptr + lbase + inside, (h * tl.exp(lb)).to(hout_ptr.dtype.element_ty), mask=m2)
+            tl.store(hout_ptr + lbase + inside, (h * fm.exp(lb, FAST)).to(hout_ptr.dtype.element_ty), mask=m2)
         else:
             tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
         if DA:
@@ -614,7 +618,7 @@ def _pipelined_kernel(
                 pm = pok[:, None] & mask_j[None, :]
                 grad = grad + g * _acc(tl.load(prevx_ptr + base + dstep + inside, mask=pm, other=1.0), FP64)
             if LOG_GRADS:
-                grad = grad * tl.exp(_acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64))
+                grad = grad * fm.exp(_acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64), FAST)
             tl.store(da_ptr + base + inside, grad.to(da_ptr.dtype.element_ty), mask=m2)
     if BAIL:  # noqa: SIM102 (a constexpr test around a runtime one)
         # A coefficient above 1 (a log above 0): flag the launch; the caller's fallback redoes all of it.
@@ -971,8 +975,8 @@ def _run_pipelined(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Ten
     fixed = dj if plan.num_warps == 1 and type(dj) is int else 0  # not a SymInt
     launch(
         _pipelined_kernel, (rows * plan.num_jblocks,), *args, flag, length, dj, plan.num_jblocks, **meta,
-        FIXED_DJ=fixed, STAGES=plan.num_stages, COLUMNS=plan.columns, BLOCK_T=plan.block_t,
-        BLOCK_J=plan.block_j, FP64=is_fp64(coef), num_warps=plan.num_warps,
+        FAST=fast_math(coef), FIXED_DJ=fixed, STAGES=plan.num_stages, COLUMNS=plan.columns,
+        BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef), num_warps=plan.num_warps,
     )  # fmt: skip
     return flag
 
@@ -994,8 +998,9 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tens
     meta = {name: int(flags.get(name, 0)) for name in _LOOKBACK_FLAGS}
     launch(
         _lookback_kernel, (tiles,), *args, agg, inc, flag_buf, length, dj, plan.num_jblocks, chains,
-        plan.num_chunks, **meta, SPARSE=_SPARSE[-1] if _SPARSE else 1, REPLAY=LOOKBACK_REPLAY,
-        BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef), num_warps=plan.num_warps,
+        plan.num_chunks, **meta, FAST=fast_math(coef), SPARSE=_SPARSE[-1] if _SPARSE else 1,
+        REPLAY=LOOKBACK_REPLAY, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef),
+        num_warps=plan.num_warps,
     )  # fmt: skip
     return flag_buf
 

@@ -1,0 +1,51 @@
+"""Elementwise math of the kernels: exp and reciprocal as single hardware instructions.
+
+Triton's float32 ``tl.exp`` and ``1 / x`` already use the approximate special-function unit (``ex2.approx``,
+and ``rcp`` through ``div.full``), but each wraps it in a range fix-up: a compare and two predicated
+multiplies, so that subnormal results of exp and denominators above 2^126 come out right. The ``.ftz`` forms
+here drop the fix-up. For every input and result in the normal float32 range they give the same bits as
+Triton's; a subnormal input or result (magnitude below 2^-126, about 1.2e-38) becomes zero. The kernels use
+them where that is below float32's resolution of what they compute: exponentials of gates and of log-space
+coefficients and values, and reciprocals of 1 + e with e in [0, 1].
+
+``FAST`` is a compile-time flag set by the launcher (:func:`mingru_triton._launch.fast_math`): 1 for compiled
+kernels that accumulate in float32; 0 for float64 (these instructions have no float64 form) and under the
+Triton interpreter, which runs no inline assembly. With 0 the plain Triton functions run.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def exp(x, FAST: tl.constexpr):
+    """e^x: ``ex2.approx.ftz.f32`` of x log2(e) when FAST (results below 2^-126 become 0), else ``tl.exp``."""
+    if FAST:
+        y = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * LOG2E], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        y = tl.exp(x)
+    return y
+
+
+@triton.jit
+def rcp(x, FAST: tl.constexpr):
+    """1 / x: ``rcp.approx.ftz.f32`` when FAST (for x within 2^-126 <= |x| <= 2^126 the bits of Triton's
+    float32 division), else ``1.0 / x``."""
+    if FAST:
+        y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                      is_pure=True, pack=1)  # fmt: skip
+    else:
+        y = 1.0 / x
+    return y
+
+
+@triton.jit
+def div(x, y, FAST: tl.constexpr):
+    """x / y: x times :func:`rcp` of y when FAST (the bits of Triton's float32 division for such y), else
+    ``x / y``."""
+    q = x * rcp(y, FAST) if FAST else x / y
+    return q

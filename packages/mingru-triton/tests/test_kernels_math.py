@@ -1,0 +1,160 @@
+"""The kernels' single-instruction exp and reciprocal (:mod:`mingru_triton._math`): when the FAST flag is on,
+what sm_90 code it gives (compiled on the CPU, no GPU needed), and on CUDA that it leaves every output of the
+gated and log kernels bit for bit as Triton's own exp and division give them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton
+import triton.language as tl
+from kernel_cases import marked, on_cuda
+
+from mingru.dispatch import interpret_requested
+from mingru_triton import _math as fm
+from mingru_triton import gated, linear
+from mingru_triton import log as log_kernels
+from mingru_triton._launch import fast_math, plain_math
+
+
+@triton.jit
+def _special_kernel(x_ptr, y_ptr, FAST: tl.constexpr):
+    offs = tl.arange(0, 128)
+    x = tl.load(x_ptr + offs)
+    e = fm.exp(-tl.abs(x), FAST)
+    y = fm.rcp(1.0 + e, FAST) + fm.div(e, 1.0 + e, FAST)
+    tl.store(y_ptr + offs, y)
+
+
+def _sm90_ptx(fn, signature: dict[str, str], constants: dict[str, int], num_warps: int) -> str:
+    """PTX of ``fn`` for an H100/H200 (sm_90), compiled here without a GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return compiled.asm["ptx"]
+
+
+def _instructions(ptx: str) -> dict[str, int]:
+    ops = re.findall(r"^\s*(?:@%p\d+\s+)?((?:ex2|rcp|div)\.[a-z0-9.]+)", ptx, flags=re.MULTILINE)
+    return {op: ops.count(op) for op in set(ops)}
+
+
+def test_fast_flag_follows_dtype_interpreter_and_plain_math(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert fast_math(torch.empty(1, dtype=dtype)) == 1
+    assert fast_math(torch.empty(1, dtype=torch.float64)) == 0
+    with plain_math():
+        assert fast_math(torch.empty(1)) == 0
+    assert fast_math(torch.empty(1)) == 1
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert fast_math(torch.empty(1)) == 0
+
+
+compiles = pytest.mark.skipif(interpret_requested(), reason="compiles kernels, which the interpreter cannot")
+
+
+@compiles
+def test_fast_flag_compiles_to_the_ftz_instructions_without_range_fixups() -> None:
+    """FAST: one ex2.approx.ftz and one rcp.approx.ftz per call, nothing else; without it, Triton's exp
+    (ex2.approx with its subnormal fix-up) and division (div.full)."""
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32"}
+    fast = _instructions(_sm90_ptx(_special_kernel, signature, {"FAST": 1}, 4))
+    plain = _instructions(_sm90_ptx(_special_kernel, signature, {"FAST": 0}, 4))
+    assert set(fast) == {"ex2.approx.ftz.f32", "rcp.approx.ftz.f32"}, fast
+    assert fast["rcp.approx.ftz.f32"] == fast["ex2.approx.ftz.f32"]  # 1 / (1 + e) computed once
+    assert "ex2.approx.f32" in plain and "div.full.f32" in plain and not any("ftz" in op for op in plain), (
+        plain
+    )
+
+
+@compiles
+@pytest.mark.parametrize("kernel", ["gated forward", "log single pass"])
+def test_kernels_take_the_flag(kernel: str) -> None:
+    """The MinGRU-log forward and the log scan's single pass use only the ftz forms when FAST is on."""
+    if kernel == "gated forward":
+        fn = gated._gated_fwd_kernel
+        signature = {"pre_ptr": "*bf16", "h0_ptr": "*fp32", "h_ptr": "*fp32", "L": "i32", "H": "i32"}
+        signature["NJB"] = "i32"
+        constants = {"LSTM": 0, "LOG_G": 1, "NEG": 0, "STAGES": 3, "BLOCK_T": 64, "BLOCK_J": 16, "FP64": 0}
+        warps = 4
+    else:
+        fn = linear._lookback_kernel
+        pointers = ("coef", "u", "init", "hout", "prevh", "prev0", "da", "dinit", "lb", "agg", "inc")
+        signature = {f"{name}_ptr": "*fp32" for name in pointers}
+        signature.update(flag_ptr="*i32", L="i32", DJ="i32", NJB="i32", CHAINS="i32", NT="i32")
+        constants = dict.fromkeys(
+            ("WALK_REV", "SHIFT", "DA", "HAS_PREV0", "DINIT", "LOG_GRADS", "H0_SLOT"), 0
+        )
+        constants.update(HAS_INIT=1, EXP_COEF=1, EXP_U=1, BAIL=1, SPARSE=1, REPLAY=4, BLOCK_T=16, BLOCK_J=128)
+        constants["FP64"] = 0
+        warps = 1
+    fast = _instructions(_sm90_ptx(fn, signature, {**constants, "FAST": 1}, warps))
+    plain = _instructions(_sm90_ptx(fn, signature, {**constants, "FAST": 0}, warps))
+    assert fast.get("ex2.approx.ftz.f32", 0) > 0 and "ex2.approx.f32" not in fast, fast
+    assert "div.full.f32" not in fast, fast
+    assert plain.get("ex2.approx.f32", 0) == fast["ex2.approx.ftz.f32"], (plain, fast)
+
+
+def _gated_case(kind: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    g = gated.branches(list(gated.KINDS).index(kind))
+    pre = torch.randn(4, 1500, g * 300, device="cuda", generator=generator).mul_(3).to(dtype)
+    h0 = torch.randn(4, 300, device="cuda", generator=generator)
+    grad = torch.randn(4, 1500, 300, device="cuda", generator=generator)
+    return pre, h0, grad
+
+
+@marked(on_cuda)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", list(gated.KINDS))
+def test_gated_kernels_give_the_bits_of_plain_math_on_cuda(kind: str, dtype: torch.dtype) -> None:
+    """Logits of up to about 15 (no subnormal exp): states, d pre and d h0 equal bit for bit."""
+    pre, h0, grad = _gated_case(kind, dtype)
+    code = list(gated.KINDS).index(kind)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        h = gated.gated_recurrence_fwd(pre, h0, code)
+        return (h, *gated.gated_recurrence_bwd(pre, h0, h, grad, code))
+
+    fast = run()
+    with plain_math():
+        plain = run()
+    for what, got, want in zip(("h", "d pre", "d h0"), fast, plain, strict=True):
+        assert torch.equal(got, want), f"{kind} {dtype}: {what} differs from plain math"
+
+
+@marked(on_cuda)
+@pytest.mark.parametrize("strategy", ["lookback", "pipelined"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_log_single_pass_gives_the_bits_of_plain_math_on_cuda(strategy: str, dtype: torch.dtype) -> None:
+    """The log recurrence and its adjoint on the k = 1 kernels, with -inf log values: equal bit for bit."""
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    shape = (8, 4096, 512)
+    log_coeffs = torch.nn.functional.logsigmoid(torch.randn(shape, device="cuda", generator=generator) + 2)
+    log_b = torch.randn(shape, device="cuda", generator=generator) - 1
+    log_b[:, ::7, ::5] = float("-inf")
+    h0 = torch.randn(shape[0], shape[2], device="cuda", generator=generator)
+    grad = torch.randn(shape, device="cuda", generator=generator)
+    args = [x.to(dtype).requires_grad_() for x in (log_coeffs, log_b, h0)]
+
+    def run() -> tuple[torch.Tensor, ...]:
+        h = log_kernels.log_recurrence_fwd(*args)
+        return (h, *torch.autograd.grad(h, args, grad.to(dtype)))
+
+    with log_kernels.force_strategy(strategy):
+        assert log_kernels._single_pass_plan(args[0]) is not None
+        fast = run()
+        with plain_math():
+            plain = run()
+    for what, got, want in zip(("h", "d log a", "d log b", "d h0"), fast, plain, strict=True):
+        assert torch.isfinite(got).all(), f"{strategy} {dtype}: {what} is not finite"
+        assert torch.equal(got, want), f"{strategy} {dtype}: {what} differs from plain math"
