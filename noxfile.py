@@ -214,9 +214,9 @@ WHEELS = ROOT / ".whl"
 @_discard_after
 def bench_smoke(session: nox.Session) -> None:
     """The benchmark runner (and its summary rebuilt from its CSV), the launch-configuration sweeps, the
-    host-overhead probe and the k = 1 strategy timer on tiny shapes on the CPU (kernels under the Triton
-    interpreter): they run, check results and print their tables. Timings here mean nothing; see
-    benchmarks/."""
+    host-overhead probe, the k = 1 strategy timer and the FAST-flag timer on tiny shapes on the CPU (kernels
+    under the Triton interpreter): they run, check results and print their tables. Timings here mean
+    nothing; see benchmarks/."""
     torch = DEFAULT_TORCH
     session.install(f"torch=={torch}", TRITON_FOR_TORCH[torch], "numpy", *EDITABLE_BUILD_TOOLS)
     session.install(
@@ -238,6 +238,7 @@ def bench_smoke(session: nox.Session) -> None:
     session.run("python", str(ROOT / "benchmarks" / "overhead.py"), "--smoke")
     session.run("python", str(ROOT / "benchmarks" / "strategies.py"), "--smoke")
     session.run("python", str(ROOT / "benchmarks" / "layer_memory.py"), "--smoke", "--dtypes", "float32")
+    session.run("python", str(ROOT / "benchmarks" / "fast_math.py"), "--smoke", "--dtypes", "float32")
 
 
 @nox.session
