@@ -4,7 +4,9 @@ gated and log kernels bit for bit as Triton's own exp and division give them."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,18 +18,18 @@ import triton.language as tl
 from kernel_cases import marked, on_cuda
 
 from mingru.dispatch import interpret_requested
-from mingru_triton import _math as fm
 from mingru_triton import gated, linear
 from mingru_triton import log as log_kernels
 from mingru_triton._launch import fast_math, plain_math
+from mingru_triton._math import fast_div, fast_exp, fast_rcp
 
 
 @triton.jit
 def _special_kernel(x_ptr, y_ptr, FAST: tl.constexpr):
     offs = tl.arange(0, 128)
     x = tl.load(x_ptr + offs)
-    e = fm.exp(-tl.abs(x), FAST)
-    y = fm.rcp(1.0 + e, FAST) + fm.div(e, 1.0 + e, FAST)
+    e = fast_exp(-tl.abs(x), FAST)
+    y = fast_rcp(1.0 + e, FAST) + fast_div(e, 1.0 + e, FAST)
     tl.store(y_ptr + offs, y)
 
 
@@ -43,7 +45,8 @@ def _sm90_ptx(fn, signature: dict[str, str], constants: dict[str, int], num_warp
 
 
 def _instructions(ptx: str) -> dict[str, int]:
-    ops = re.findall(r"^\s*(?:@%p\d+\s+)?((?:ex2|rcp|div)\.[a-z0-9.]+)", ptx, flags=re.MULTILINE)
+    """Count of each exp, reciprocal and division instruction in ``ptx`` (inline assembly blocks included)."""
+    ops = re.findall(r"\b((?:ex2|rcp|div)\.[a-z0-9.]+)", ptx)
     return {op: ops.count(op) for op in set(ops)}
 
 
@@ -70,16 +73,33 @@ def test_fast_flag_compiles_to_the_ftz_instructions_without_range_fixups() -> No
     fast = _instructions(_sm90_ptx(_special_kernel, signature, {"FAST": 1}, 4))
     plain = _instructions(_sm90_ptx(_special_kernel, signature, {"FAST": 0}, 4))
     assert set(fast) == {"ex2.approx.ftz.f32", "rcp.approx.ftz.f32"}, fast
-    assert fast["rcp.approx.ftz.f32"] == fast["ex2.approx.ftz.f32"]  # 1 / (1 + e) computed once
+    assert fast["rcp.approx.ftz.f32"] == 2 * fast["ex2.approx.ftz.f32"]
     assert "ex2.approx.f32" in plain and "div.full.f32" in plain and not any("ftz" in op for op in plain), (
         plain
     )
 
 
+def _as_torch_compile_copies(kernel, folder: Path):  # type: ignore[no-untyped-def]
+    """``kernel`` as the code ``torch.compile`` generates defines it: its source and that of every JIT
+    function it names (Inductor's own collector), in a fresh module that imports only triton."""
+    wrapper = pytest.importorskip("torch._inductor.codegen.wrapper")
+    collect = getattr(wrapper, "user_defined_triton_kernel_transitive_closure_source_code", None)
+    if collect is None:
+        pytest.skip("this torch has no user_defined_triton_kernel_transitive_closure_source_code")
+    path = folder / f"{kernel.__name__}_as_compiled.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\n" + collect(kernel))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, kernel.__name__)
+
+
 @compiles
 @pytest.mark.parametrize("kernel", ["gated forward", "log single pass"])
-def test_kernels_take_the_flag(kernel: str) -> None:
-    """The MinGRU-log forward and the log scan's single pass use only the ftz forms when FAST is on."""
+def test_kernels_take_the_flag(kernel: str, tmp_path: Path) -> None:
+    """The MinGRU-log forward and the log scan's single pass use only the ftz forms when FAST is on, also
+    as copied into ``torch.compile``'s generated code (which resolves JIT functions by name alone)."""
     if kernel == "gated forward":
         fn = gated._gated_fwd_kernel
         signature = {"pre_ptr": "*bf16", "h0_ptr": "*fp32", "h_ptr": "*fp32", "L": "i32", "H": "i32"}
@@ -97,6 +117,7 @@ def test_kernels_take_the_flag(kernel: str) -> None:
         constants.update(HAS_INIT=1, EXP_COEF=1, EXP_U=1, BAIL=1, SPARSE=1, REPLAY=4, BLOCK_T=16, BLOCK_J=128)
         constants["FP64"] = 0
         warps = 1
+    fn = _as_torch_compile_copies(fn, tmp_path)
     fast = _instructions(_sm90_ptx(fn, signature, {**constants, "FAST": 1}, warps))
     plain = _instructions(_sm90_ptx(fn, signature, {**constants, "FAST": 0}, warps))
     assert fast.get("ex2.approx.ftz.f32", 0) > 0 and "ex2.approx.f32" not in fast, fast

@@ -8,33 +8,34 @@ Triton's; a subnormal input or result (magnitude below 2^-126, about 1.2e-38) be
 them where that is below float32's resolution of what they compute: exponentials of gates and of log-space
 coefficients and values, and reciprocals of 1 + e with e in [0, 1].
 
-``FAST`` is a compile-time flag set by the launcher (:func:`mingru_triton._launch.fast_math`): 1 for compiled
-kernels that accumulate in float32; 0 for float64 (these instructions have no float64 form) and under the
-Triton interpreter, which runs no inline assembly. With 0 the plain Triton functions run.
+Kernels import the helpers by name: ``torch.compile`` copies a user kernel's source together with the JIT
+functions it names, not with module attributes. ``FAST`` is a compile-time flag set by the launcher
+(:func:`mingru_triton._launch.fast_math`): 1 for compiled kernels that accumulate in float32; 0 for float64
+(these instructions have no float64 form) and under the Triton interpreter, which runs no inline assembly.
+With 0 the plain Triton functions run.
 """
 
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)
-
 
 @triton.jit
-def exp(x, FAST: tl.constexpr):
+def fast_exp(x, FAST: tl.constexpr):
     """e^x: ``ex2.approx.ftz.f32`` of x log2(e) when FAST (results below 2^-126 become 0), else ``tl.exp``."""
     if FAST:
         y = tl.inline_asm_elementwise(
-            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * LOG2E], dtype=tl.float32, is_pure=True, pack=1
-        )
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634], dtype=tl.float32, is_pure=True,
+            pack=1,
+        )  # fmt: skip
     else:
         y = tl.exp(x)
     return y
 
 
 @triton.jit
-def rcp(x, FAST: tl.constexpr):
-    """1 / x: ``rcp.approx.ftz.f32`` when FAST (for x within 2^-126 <= |x| <= 2^126 the bits of Triton's
-    float32 division), else ``1.0 / x``."""
+def fast_rcp(x, FAST: tl.constexpr):
+    """1 / x: ``rcp.approx.ftz.f32`` when FAST (for 2^-126 <= |x| <= 2^126 the bits of Triton's float32
+    division), else ``1.0 / x``."""
     if FAST:
         y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
                                       is_pure=True, pack=1)  # fmt: skip
@@ -44,8 +45,14 @@ def rcp(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def div(x, y, FAST: tl.constexpr):
-    """x / y: x times :func:`rcp` of y when FAST (the bits of Triton's float32 division for such y), else
-    ``x / y``."""
-    q = x * rcp(y, FAST) if FAST else x / y
+def fast_div(x, y, FAST: tl.constexpr):
+    """x / y: x times ``rcp.approx.ftz.f32`` of y when FAST, as one opaque unit (so the product is never
+    fused into a later addition: the bits of Triton's float32 division for such y), else ``x / y``."""
+    if FAST:
+        q = tl.inline_asm_elementwise(
+            "{ .reg .f32 r; rcp.approx.ftz.f32 r, $2; mul.rn.f32 $0, $1, r; }", "=r,r,r", [x, y],
+            dtype=tl.float32, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        q = x / y
     return q

@@ -33,7 +33,6 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_shape
-from mingru_triton import _math as fm
 from mingru_triton._launch import (
     _PLAIN,
     FLOAT_DTYPES,
@@ -45,6 +44,7 @@ from mingru_triton._launch import (
     launch,
     on_kernel_device,
 )
+from mingru_triton._math import fast_div, fast_exp, fast_rcp
 
 __all__ = [
     "KINDS",
@@ -84,8 +84,8 @@ def _acc(x, FP64: tl.constexpr):
 @triton.jit
 def _gate(k, FAST: tl.constexpr):
     """(z, 1 - z) = (sigmoid(k), sigmoid(-k)) from one exponential, each to its own relative precision."""
-    e = fm.exp(-tl.abs(k), FAST)
-    r = fm.rcp(1.0 + e, FAST)
+    e = fast_exp(-tl.abs(k), FAST)
+    r = fast_rcp(1.0 + e, FAST)
     small = e * r
     return tl.where(k >= 0, r, small), tl.where(k >= 0, small, r)
 
@@ -131,8 +131,8 @@ def _coefficient(z, zn, NEG: tl.constexpr):
 def _candidate(v, LOG_G: tl.constexpr, FAST: tl.constexpr):
     """(g(v), g'(v)): v + 1/2 and 1 for v >= 0, sigmoid(v) and its slope below (LOG_G); else v and 1."""
     if LOG_G:
-        e = fm.exp(tl.minimum(v, 0.0), FAST)
-        s = fm.div(e, 1.0 + e, FAST)  # sigmoid(v) for v < 0
+        e = fast_exp(tl.minimum(v, 0.0), FAST)
+        s = fast_div(e, 1.0 + e, FAST)  # sigmoid(v) for v < 0
         g = tl.where(v >= 0, v + 0.5, s)
         dg = tl.where(v >= 0, 1.0, s * (1.0 - s))
     else:

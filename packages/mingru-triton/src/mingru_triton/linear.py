@@ -46,7 +46,6 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
-from mingru_triton import _math as fm
 from mingru_triton._launch import (
     cdiv,
     common_case,
@@ -59,6 +58,7 @@ from mingru_triton._launch import (
     num_sms,
     on_kernel_device,
 )
+from mingru_triton._math import fast_exp
 
 __all__ = [
     "force_strategy",
@@ -377,7 +377,7 @@ def _lookback_kernel(
     lbase = slot_base if H0_SLOT and LOG_GRADS else base
     m2 = valid[:, None] & mask_j[None, :]
     if EXP_U:
-        u = fm.exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64), FAST)
+        u = fast_exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64), FAST)
     else:
         u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
     pad = 0.0 if EXP_COEF else 1.0  # the stored coefficient that stands for 1
@@ -393,7 +393,7 @@ def _lookback_kernel(
         if tl.max(tl.max(a, axis=1), axis=0) > 0.0:
             tl.atomic_xchg(flag_ptr + CHAINS * NT + 1, 1)
     if EXP_COEF:
-        a = fm.exp(a, FAST)
+        a = fast_exp(a, FAST)
     p, h = tl.associative_scan((a, u), 0, _compose)
     last = (lanes_t == BLOCK_T - 1)[:, None]
     p_end = tl.sum(tl.where(last, p, 0.0), axis=0)
@@ -436,7 +436,7 @@ def _lookback_kernel(
     h = h + p * carry[None, :]
     if LOG_GRADS:
         lb = _acc(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FP64)
-        tl.store(hout_ptr + lbase + inside, (h * fm.exp(lb, FAST)).to(hout_ptr.dtype.element_ty), mask=m2)
+        tl.store(hout_ptr + lbase + inside, (h * fast_exp(lb, FAST)).to(hout_ptr.dtype.element_ty), mask=m2)
     else:
         tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
     if DA:
@@ -450,7 +450,7 @@ def _lookback_kernel(
             hp = tl.where(pok[:, None], hp, h0[None, :])
         grad = h * hp
         if LOG_GRADS:
-            grad = grad * fm.exp(_acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64), FAST)
+            grad = grad * fast_exp(_acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64), FAST)
         tl.store(da_ptr + base + inside, grad.to(da_ptr.dtype.element_ty), mask=m2)
     if DINIT:  # noqa: SIM102 (a constexpr test around a runtime one)
         if k == NT - 1:
@@ -559,7 +559,7 @@ def _pipelined_kernel(
         base = base0 + s0 * dstep
         if EXP_U:
             ubase = ubase0 + s0 * dstep
-            u = fm.exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64), FAST)
+            u = fast_exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64), FAST)
         else:
             u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
         if SHIFT:
@@ -572,7 +572,7 @@ def _pipelined_kernel(
         if BAIL:
             worst = tl.maximum(worst, tl.max(a, axis=0))
         if EXP_COEF:
-            a = fm.exp(a, FAST)
+            a = fast_exp(a, FAST)
         if HAS_UX:
             ux = _acc(tl.load(ux_ptr + base + inside, mask=m2, other=0.0), FP64)
         # Steps past L carry u = 0 and a = pad: with a = 1 the state at the tile's last row is the state at
@@ -601,7 +601,9 @@ def _pipelined_kernel(
         if LOG_GRADS:
             lbase = lbase0 + s0 * dstep
             lb = _acc(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FP64)
-            tl.store(hout_ptr + lbase + inside, (h * fm.exp(lb, FAST)).to(hout_ptr.dtype.element_ty), mask=m2)
+            tl.store(
+                hout_ptr + lbase + inside, (h * fast_exp(lb, FAST)).to(hout_ptr.dtype.element_ty), mask=m2
+            )
         else:
             tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
         if DA:
@@ -618,7 +620,9 @@ def _pipelined_kernel(
                 pm = pok[:, None] & mask_j[None, :]
                 grad = grad + g * _acc(tl.load(prevx_ptr + base + dstep + inside, mask=pm, other=1.0), FP64)
             if LOG_GRADS:
-                grad = grad * fm.exp(_acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64), FAST)
+                grad = grad * fast_exp(
+                    _acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64), FAST
+                )
             tl.store(da_ptr + base + inside, grad.to(da_ptr.dtype.element_ty), mask=m2)
     if BAIL:  # noqa: SIM102 (a constexpr test around a runtime one)
         # A coefficient above 1 (a log above 0): flag the launch; the caller's fallback redoes all of it.
