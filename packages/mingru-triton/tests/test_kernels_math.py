@@ -67,8 +67,8 @@ compiles = pytest.mark.skipif(interpret_requested(), reason="compiles kernels, w
 
 @compiles
 def test_fast_flag_compiles_to_the_ftz_instructions_without_range_fixups() -> None:
-    """FAST: one ex2.approx.ftz and one rcp.approx.ftz per call, nothing else; without it, Triton's exp
-    (ex2.approx with its subnormal fix-up) and division (div.full)."""
+    """FAST: only ex2.approx.ftz (one per exp) and rcp.approx.ftz (one per reciprocal and per division);
+    without it, Triton's exp (ex2.approx with its subnormal fix-up) and division (div.full)."""
     signature = {"x_ptr": "*fp32", "y_ptr": "*fp32"}
     fast = _instructions(_sm90_ptx(_special_kernel, signature, {"FAST": 1}, 4))
     plain = _instructions(_sm90_ptx(_special_kernel, signature, {"FAST": 0}, 4))
