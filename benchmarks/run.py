@@ -44,7 +44,7 @@ import mingru
 FIELDS = (
     "run", "gpu", "torch", "triton", "mingru", "peers", "group", "op", "shape", "dtype", "mode", "impl",
     "ours", "status", "ms", "gbps", "x_floor", "floor_ms", "peak_mb", "least_mb", "mem_x_least", "check_err",
-    "error", "error_x_rounding", "first_call_s", "note", "gpu_ms", "gpu_x_floor",
+    "error", "error_x_rounding", "first_call_s", "note", "gpu_ms", "gpu_x_floor", "row_s",
 )  # fmt: skip
 
 CHECK_LIMIT = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3, torch.float64: 1e-9}
@@ -141,6 +141,7 @@ class Runner:
         self.stress_done: set[tuple[str, str, str]] = set()
         self.slow: dict[tuple[str, str, str, str], tuple[float, int]] = {}
         self.rows: list[dict[str, Any]] = []
+        self.wall: dict[str, float] = {}  # seconds per group, checks and compiles included
         self.run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         if args.cpu is not None:
             self.run_id += f" cpu {args.cpu}"
@@ -149,6 +150,15 @@ class Runner:
         if args.csv is not None:
             args.csv.parent.mkdir(parents=True, exist_ok=True)
             new = not args.csv.exists() or args.csv.stat().st_size == 0
+            if not new:
+                with args.csv.open(newline="") as handle:
+                    header = next(csv.reader(handle), [])
+                if tuple(header) != FIELDS:
+                    raise SystemExit(
+                        f"--csv: {args.csv} has other columns than this runner writes (expected "
+                        f"{len(FIELDS)} columns ending in {FIELDS[-1]!r}, got {len(header)} ending in "
+                        f"{header[-1] if header else None!r}); append to a new file"
+                    )
             self.handle = args.csv.open("a", newline="")
             self.writer = csv.DictWriter(self.handle, FIELDS)
             if new:
@@ -479,7 +489,7 @@ class Runner:
             self.handle.flush()
         cells = [full["group"], f"{case.op} {full['shape']}", full["dtype"], mode, impl.name, full["status"]]
         for key, spec in (("ms", ".4f"), ("x_floor", ".2f"), ("gbps", ".0f"), ("mem_x_least", ".2f"),
-                          ("error", ".1e"), ("error_x_rounding", ".2f")):  # fmt: skip
+                          ("error", ".1e"), ("error_x_rounding", ".2f"), ("row_s", ".1f")):  # fmt: skip
             if full.get(key) is not None:
                 cells.append(f"{key}={format(full[key], spec)}")
         if full.get("note"):
@@ -499,6 +509,7 @@ class Runner:
                     for impl in case.impls:
                         if not _impl_selected(impl, args):
                             continue
+                        started = time.perf_counter()
                         if self.elapsed() > args.budget_min * 60:
                             row = {"status": f"skipped: time budget ({args.budget_min:g} min) spent"}
                         elif (why := self.unavailable(case, impl, shape, dtype, mode)) is not None:
@@ -508,10 +519,21 @@ class Runner:
                                 row = self.measure(case, impl, shape, dtype, mode)
                             except Exception as exc:
                                 row = {"status": f"error: {type(exc).__name__}: {str(exc)[:200]}"}
+                        self.release()
+                        row["row_s"] = time.perf_counter() - started
+                        self.wall[case.group] = self.wall.get(case.group, 0.0) + row["row_s"]
                         self.emit(case, shape, dtype, mode, impl, row)
-                        if self.cuda:
-                            gc.collect()
-                            torch.cuda.empty_cache()
+        gc.unfreeze()  # so that what the run leaves is collected at exit as usual
+
+    def release(self) -> None:
+        """Free what the last row left in reference cycles, then freeze the survivors: a full collection
+        over torch's, Triton's and Inductor's objects took 0.15-0.2 s, and the runner collects twice per
+        row (here and before the peak-memory call), so later collections scan only the objects made
+        since. What is alive here stays alive (caches, compiled kernels, the rows)."""
+        gc.collect()
+        gc.freeze()
+        if self.cuda:
+            torch.cuda.empty_cache()
 
 
 def _fmt(value: Any) -> Any:
@@ -815,7 +837,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table)
     print(
         f"\n# wall {runner.elapsed():.0f} s, torch.compile and first calls of compiled peers "
-        f"{runner.compile_spent:.0f} s"
+        f"{runner.compile_spent:.0f} s; by group: "
+        + ", ".join(f"{group} {seconds:.0f} s" for group, seconds in runner.wall.items())
     )
     if args.summary is not None:
         args.summary.parent.mkdir(parents=True, exist_ok=True)
