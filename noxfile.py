@@ -228,6 +228,7 @@ def bench_smoke(session: nox.Session) -> None:
     pin = ("--cpu", str(min(os.sched_getaffinity(0)))) if hasattr(os, "sched_getaffinity") else ()
     session.run("python", bench, "--smoke", *pin, "--csv", str(table), *session.posargs)
     session.run("python", bench, "--summary-from", str(table))
+    session.run("python", bench, "--smoke", "--groups", "seed,diag", "--dtypes", "float32", "--warm", "2")
     sweep = str(ROOT / "benchmarks" / "sweep.py")
     session.run("python", sweep, "--smoke", "--family", "linear")
     session.run("python", sweep, "--smoke", "--family", "scan", "--modes", "fwd,bwd")  # the adjoint alone

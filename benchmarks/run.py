@@ -14,6 +14,7 @@ targets. Peers missing here are reported as ``not installed``.
     python benchmarks/bench.py --quick                 # a subset of shapes, shorter reps
     python benchmarks/bench.py --groups k1,log --dtypes float32 --no-slow-peers
     python benchmarks/bench.py --list                  # the cases and impls that would run
+    python benchmarks/bench.py --warm 8 --cpu 5        # compile everything in 8 processes, then time pinned
     python benchmarks/bench.py --smoke                 # CPU, tiny shapes, Triton interpreter
 """
 
@@ -27,7 +28,9 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -564,6 +567,9 @@ def select(args: argparse.Namespace) -> list[registry.Case]:
                 continue
             seen.add(key)
         chosen.append(case)
+    if args.shard is not None:
+        index, count = args.shard
+        chosen = chosen[index::count]
     return chosen
 
 
@@ -748,6 +754,22 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="run nothing: rebuild the summary of the latest run in this CSV (e.g. one cut short)",
     )
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first run the same selection in N processes at once, one shard each, with the shortest timing "
+        "(--rep 1 --warmup 1, output discarded), so that Triton's and Inductor's caches hold every kernel "
+        "before the timed run; their time counts against --budget-min",
+    )
+    parser.add_argument(
+        "--shard",
+        type=_shard,
+        default=None,
+        metavar="I/N",
+        help="run only the cases whose place in the selection is I modulo N (what --warm gives each process)",
+    )
     parser.add_argument("--list", action="store_true", help="list the cases and impls, run nothing")
     parser.add_argument(
         "--smoke", action="store_true", help="CPU, tiny shapes, kernels under TRITON_INTERPRET"
@@ -757,11 +779,78 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         if args.cpu not in allowed:
             parser.error(f"--cpu must be one of the cores this process may run on {allowed}, got {args.cpu}")
+    if args.warm < 0:
+        parser.error(f"--warm must be a count of processes >= 0, got {args.warm}")
     if args.rep is None:
         args.rep = 30.0 if args.quick else 60.0
     if args.warmup is None:
         args.warmup = 10.0 if args.quick else 20.0
     return args
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """``I/N`` -> (I, N) with 0 <= I < N."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N (two integers, e.g. 0/4), got {text!r}") from None
+    if count < 1 or not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"expected I/N with N >= 1 and 0 <= I < N, got {text!r}")
+    return index, count
+
+
+# options a warm-up process does not take from its parent: timing, outputs, pinning, sharding, warming
+_NOT_INHERITED = {
+    "--warm": 1, "--shard": 1, "--rep": 1, "--warmup": 1, "--budget-min": 1, "--cpu": 1, "--csv": 1,
+    "--summary": 1, "--plots": 1, "--graph": 0,
+}  # fmt: skip
+
+
+def _inherited(argv: Sequence[str]) -> list[str]:
+    """``argv`` without the options in ``_NOT_INHERITED`` (``--opt value`` and ``--opt=value`` forms)."""
+    out: list[str] = []
+    skip = 0
+    for arg in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _NOT_INHERITED:
+            skip = 0 if "=" in arg else _NOT_INHERITED[name]
+            continue
+        out.append(arg)
+    return out
+
+
+def warm_caches(argv: Sequence[str], count: int, minutes: float) -> int:
+    """Run the selection of ``argv`` in ``count`` processes at once (shard i of ``count`` each, do_bench at
+    its shortest, output to files), so that the timed run finds every kernel compiled and every compiled
+    peer's graph in the caches. Stops them after ``minutes``; a process that fails costs the timed run only
+    compile time, so failures are reported, not raised. Returns how many did not exit 0."""
+    script = Path(__file__).with_name("bench.py")
+    base = [sys.executable, str(script), *_inherited(argv), "--rep", "1", "--warmup", "1"]
+    base += ["--budget-min", f"{minutes:g}"]
+    folder = Path(tempfile.mkdtemp(prefix="bench-warm-"))
+    started = time.perf_counter()
+    procs = []
+    failed = 0
+    for index in range(count):
+        log = (folder / f"shard{index}.log").open("w")
+        cmd = [*base, "--shard", f"{index}/{count}"]
+        procs.append((index, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+    for index, proc, log in procs:
+        left = max(1.0, minutes * 60 + 30 - (time.perf_counter() - started))
+        try:
+            code: int | str = proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = "stopped"
+        log.close()
+        failed += code != 0
+        print(f"# warm-up shard {index}/{count}: exit {code} at {time.perf_counter() - started:.0f} s "
+              f"(log {folder / f'shard{index}.log'})", flush=True)  # fmt: skip
+    return failed
 
 
 def list_cases(selected: list[registry.Case], args: argparse.Namespace) -> None:
@@ -815,6 +904,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.smoke:
         peers.COMPILE["enabled"] = False
+    started = time.perf_counter()
+    warm_failed = 0
+    if args.warm and not args.list:  # before pinning: the processes would inherit the one core
+        warm_failed = warm_caches(sys.argv[1:] if argv is None else argv, args.warm, args.budget_min / 2)
     if args.cpu is not None:  # before the first backward starts autograd's device threads, which inherit it
         os.sched_setaffinity(0, {args.cpu})
     selected = select(args)
@@ -822,6 +915,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         list_cases(selected, args)
         return 0
     runner = Runner(args)
+    runner.started = started  # the warm-up counts against --budget-min
     env = runner.env
     print(
         f"# {runner.run_id}; {env['gpu']}; torch {env['torch']}, triton {env['triton']}, "
@@ -853,6 +947,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [r for r in runner.rows if r["ours"] and r["status"].startswith(("wrong", "error"))]
     if args.smoke and bad:
         print(f"# smoke: {len(bad)} of ours wrong or failing", file=sys.stderr)
+        return 1
+    if args.smoke and warm_failed:
+        print(f"# smoke: {warm_failed} warm-up processes failed", file=sys.stderr)
         return 1
     return 0
 
