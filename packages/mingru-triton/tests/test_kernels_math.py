@@ -1,6 +1,7 @@
-"""The kernels' single-instruction exp and reciprocal (:mod:`mingru_triton._math`): when the FAST flag is on,
-what sm_90 code it gives (compiled on the CPU, no GPU needed), and on CUDA that it leaves every output of the
-gated and log kernels bit for bit as Triton's own exp and division give them."""
+"""The kernels' single-instruction exp and reciprocal and their bfloat16 widening
+(:mod:`mingru_triton._math`): when the FAST flag is on, what sm_90 code it gives (compiled on the CPU, no GPU
+needed), and on CUDA that it leaves every output of the gated, log and k = 1 kernels bit for bit as Triton's
+own exp, division and conversion give them."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from mingru.dispatch import interpret_requested
 from mingru_triton import gated, linear
 from mingru_triton import log as log_kernels
 from mingru_triton._launch import fast_math, plain_math
-from mingru_triton._math import fast_div, fast_exp, fast_rcp
+from mingru_triton._math import fast_div, fast_exp, fast_rcp, widen
 
 
 @triton.jit
@@ -31,6 +32,12 @@ def _special_kernel(x_ptr, y_ptr, FAST: tl.constexpr):
     e = fast_exp(-tl.abs(x), FAST)
     y = fast_rcp(1.0 + e, FAST) + fast_div(e, 1.0 + e, FAST)
     tl.store(y_ptr + offs, y)
+
+
+@triton.jit
+def _widen_kernel(x_ptr, y_ptr, FAST: tl.constexpr):
+    offs = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    tl.store(y_ptr + offs, widen(tl.load(x_ptr + offs), FAST))
 
 
 def _sm90_ptx(fn, signature: dict[str, str], constants: dict[str, int], num_warps: int) -> str:
@@ -179,3 +186,68 @@ def test_log_single_pass_gives_the_bits_of_plain_math_on_cuda(strategy: str, dty
     for what, got, want in zip(("h", "d log a", "d log b", "d h0"), fast, plain, strict=True):
         assert torch.isfinite(got).all(), f"{strategy} {dtype}: {what} is not finite"
         assert torch.equal(got, want), f"{strategy} {dtype}: {what} differs from plain math"
+
+
+def _pipelined_forward_ptx(fast: int) -> str:
+    pointers = ("coef", "u", "ux", "init", "hout", "xout", "prevh", "prevx", "prev0", "da", "dinit", "lb")
+    signature = {f"{name}_ptr": "*bf16" for name in pointers}
+    signature.update(flag_ptr="*i32", L="i32", DJ="i32", NJB="i32")
+    flags = ("WALK_REV", "SHIFT", "DA", "HAS_PREV0", "DINIT", "WRITE_X", "HAS_UX", "PREV_X", "EXP_COEF")
+    constants = dict.fromkeys((*flags, "EXP_U", "LOG_GRADS", "BAIL", "H0_SLOT", "FP64"), 0)
+    constants.update(HAS_INIT=1, FIXED_DJ=1024, STAGES=4, COLUMNS=2, BLOCK_T=64, BLOCK_J=64, FAST=fast)
+    return _sm90_ptx(linear._pipelined_kernel, signature, constants, 1)
+
+
+@compiles
+def test_pipelined_walk_widens_bfloat16_pairs_with_a_shift_and_a_mask() -> None:
+    """FAST: the k = 1 forward walk's bfloat16 tiles (two channels per register) become float32 through
+    ``shl`` and ``and`` of the register (the inline assembly of :func:`widen`), not Triton's conversion; the
+    state before the walk still goes through it."""
+    fast, plain = _pipelined_forward_ptx(1), _pipelined_forward_ptx(0)
+    widened = len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 0xffff0000;", fast))
+    cvt_fast, cvt_plain = fast.count("cvt.f32.bf16"), plain.count("cvt.f32.bf16")
+    assert widened > 0 and "0xffff0000" not in plain, widened
+    assert 0 < cvt_fast < cvt_plain, (cvt_fast, cvt_plain)
+
+
+@marked(on_cuda)
+def test_widen_gives_the_bits_of_the_conversion_for_every_bfloat16_on_cuda() -> None:
+    """All 65536 bfloat16 bit patterns, FAST and not: the float32 bits torch gives; NaN stays NaN."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    want = x.float()
+    for fast in (1, 0):
+        y = torch.empty_like(want)
+        _widen_kernel[(x.numel() // 1024,)](x, y, FAST=fast)
+        nan = want.isnan()
+        assert torch.equal(y.isnan(), nan), f"FAST={fast}: NaN where the conversion has none, or the reverse"
+        assert torch.equal(y[~nan].view(torch.int32), want[~nan].view(torch.int32)), f"FAST={fast}"
+
+
+@marked(on_cuda)
+@pytest.mark.parametrize("op", ["recurrence", "scan"])
+def test_pipelined_walk_gives_the_bits_of_plain_math_in_bfloat16_on_cuda(op: str) -> None:
+    """The k = 1 recurrence (with h0) and ``linear_scan_fwd`` (with the running product) on the pipelined
+    walk, forward and adjoint, widened or converted: equal bit for bit."""
+    generator = torch.Generator(device="cuda").manual_seed(2)
+    shape = (8, 2048, 1024)
+    a = (torch.rand(shape, device="cuda", generator=generator) * 0.2 + 0.8).bfloat16().requires_grad_()
+    b = torch.randn(shape, device="cuda", generator=generator).bfloat16().requires_grad_()
+    h0 = torch.randn(shape[0], shape[2], device="cuda", generator=generator).bfloat16().requires_grad_()
+    grads = [torch.randn(shape, device="cuda", generator=generator).bfloat16() for _ in range(2)]
+
+    def run() -> tuple[torch.Tensor, ...]:
+        if op == "recurrence":
+            outs: tuple[torch.Tensor, ...] = (linear.linear_recurrence_fwd(a, b, h0),)
+            inputs = (a, b, h0)
+        else:
+            outs, inputs = linear.linear_scan_fwd(a, b), (a, b)
+        return (*outs, *torch.autograd.grad(outs, inputs, grads[: len(outs)]))
+
+    plan = linear._plan_for(a.detach(), 1, single_pass=op == "recurrence", pipelined=True)
+    assert plan.strategy == "pipelined", plan
+    fast = run()
+    with plain_math():
+        plain = run()
+    for i, (got, want) in enumerate(zip(fast, plain, strict=True)):
+        assert torch.isfinite(got).all(), f"{op}: output {i} is not finite"
+        assert torch.equal(got, want), f"{op}: output {i} differs from plain math"

@@ -58,7 +58,7 @@ from mingru_triton._launch import (
     num_sms,
     on_kernel_device,
 )
-from mingru_triton._math import fast_exp
+from mingru_triton._math import fast_exp, widen
 
 __all__ = [
     "force_strategy",
@@ -88,6 +88,13 @@ def _compose2(a1, h1, x1, a2, h2, x2):
 def _acc(x, FP64: tl.constexpr):
     """``x`` in the accumulation type: float64 for float64 inputs, float32 otherwise."""
     y = x.to(tl.float64) if FP64 else x.to(tl.float32)
+    return y
+
+
+@triton.jit
+def _wide(x, FAST: tl.constexpr, FP64: tl.constexpr):
+    """:func:`_acc` of loaded values: bfloat16 pairs widen by :func:`~mingru_triton._math.widen` (FAST)."""
+    y = x.to(tl.float64) if FP64 else widen(x, FAST)
     return y
 
 
@@ -464,6 +471,134 @@ def _lookback_kernel(
 
 
 @triton.jit
+def _walk_tile(
+    coef_ptr,
+    u_ptr,
+    ux_ptr,
+    hout_ptr,
+    xout_ptr,
+    prevh_ptr,
+    prevx_ptr,
+    da_ptr,
+    lb_ptr,
+    s0,
+    L,
+    base0,
+    ubase0,
+    lbase0,
+    dstep,
+    inside,
+    lanes_t,
+    mask_j,
+    top,
+    last,
+    h0,
+    carry,
+    xcarry,
+    gcarry,
+    worst,
+    WALK_REV: tl.constexpr,
+    SHIFT: tl.constexpr,
+    DA: tl.constexpr,
+    HAS_PREV0: tl.constexpr,
+    DINIT: tl.constexpr,
+    WRITE_X: tl.constexpr,
+    HAS_UX: tl.constexpr,
+    PREV_X: tl.constexpr,
+    EXP_COEF: tl.constexpr,
+    EXP_U: tl.constexpr,
+    FAST: tl.constexpr,
+    LOG_GRADS: tl.constexpr,
+    BAIL: tl.constexpr,
+    H0_SLOT: tl.constexpr,
+    COLUMNS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    FP64: tl.constexpr,
+    TAIL: tl.constexpr,
+):
+    """One tile of :func:`_pipelined_kernel`'s walk, steps s0 to s0 + BLOCK_T - 1: loads, the scan from the
+    carries, stores; returns the carries after it (state, running product, second column, largest log
+    coefficient). TAIL: the tile may reach past L, so its steps are masked; else it lies inside L."""
+    # The stored coefficient of a step past L. Forward in time (no SHIFT, no DINIT) it is 0: the asynchronous
+    # copy's zero fill, where 1 costs a select per element; those steps' outputs are masked off and the carry
+    # after the last tile is not used. Otherwise it stands for 1, so that the last tile's final row holds
+    # the state at step L - 1 (DINIT needs it; the adjoints measured slower with 0 in bfloat16).
+    pad = 0.0 if EXP_COEF or not (DINIT or SHIFT) else 1.0
+    # Inside L (TAIL = 0) no mask on the steps: a predicate per row costs instructions per element.
+    valid = (s0 + lanes_t < L) if TAIL else (lanes_t >= 0)
+    m2 = valid[:, None] & mask_j[None, :]
+    base = base0 + s0 * dstep
+    if EXP_U:
+        ubase = ubase0 + s0 * dstep
+        u = tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf"))
+        u = fast_exp(_wide(u, FAST, FP64), FAST)
+    else:
+        u = _wide(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FAST, FP64)
+    if SHIFT:
+        # The first walk step has no coefficient; 1 stands in, harmless since the carry into it is 0.
+        qok = valid & (s0 + lanes_t > 0)
+        a = tl.load(coef_ptr + base - dstep + inside, mask=qok[:, None] & mask_j[None, :], other=pad)
+    else:
+        a = tl.load(coef_ptr + base + inside, mask=m2, other=pad)
+    a = _wide(a, FAST, FP64)
+    if BAIL:
+        worst = tl.maximum(worst, tl.max(a, axis=0))
+    if EXP_COEF:
+        a = fast_exp(a, FAST)
+    if HAS_UX:
+        ux = _wide(tl.load(ux_ptr + base + inside, mask=m2, other=0.0), FAST, FP64)
+    # Steps past L carry u = 0 and a = pad: with a = 1 the state at the tile's last row is the state at
+    # step L - 1.
+    if COLUMNS > 0:
+        u = tl.where(top, u + a * carry[None, :], u)
+        if HAS_UX:
+            ux = tl.where(top, ux + a * gcarry[None, :], ux)
+            p, h, g = tl.associative_scan((a, u, ux), 0, _compose2)
+        else:
+            p, h = tl.associative_scan((a, u), 0, _compose)
+    else:
+        if HAS_UX:
+            p, h, g = tl.associative_scan((a, u, ux), 0, _compose2)
+            g = g + p * gcarry[None, :]
+        else:
+            p, h = tl.associative_scan((a, u), 0, _compose)
+        h = h + p * carry[None, :]
+    carry = tl.sum(tl.where(last, h, 0.0), axis=0)
+    if HAS_UX:
+        gcarry = tl.sum(tl.where(last, g, 0.0), axis=0)
+    if WRITE_X:
+        x = p * xcarry[None, :]
+        xcarry = tl.sum(tl.where(last, x, 0.0), axis=0)
+        tl.store(xout_ptr + base + inside, x.to(xout_ptr.dtype.element_ty), mask=m2)
+    if LOG_GRADS:
+        lbase = lbase0 + s0 * dstep
+        lb = _wide(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FAST, FP64)
+        tl.store(hout_ptr + lbase + inside, (h * fast_exp(lb, FAST)).to(hout_ptr.dtype.element_ty), mask=m2)
+    else:
+        tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
+    if DA:
+        # The stored state one step into the forward's past: time - 1 when walking back, time + 1 else.
+        steps = s0 + lanes_t
+        ptime = L - 2 - steps if WALK_REV else steps + 1
+        pok = valid & (ptime >= 0) & (ptime < L)
+        hp = tl.load(prevh_ptr + base + dstep + inside, mask=pok[:, None] & mask_j[None, :], other=0.0)
+        hp = _wide(hp, FAST, FP64)
+        if HAS_PREV0:
+            hp = tl.where(pok[:, None], hp, h0[None, :])
+        grad = h * hp
+        if PREV_X:
+            pm = pok[:, None] & mask_j[None, :]
+            xp = tl.load(prevx_ptr + base + dstep + inside, mask=pm, other=1.0)
+            grad = grad + g * _wide(xp, FAST, FP64)
+        if LOG_GRADS:
+            grad = grad * fast_exp(
+                _wide(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FAST, FP64), FAST
+            )
+        tl.store(da_ptr + base + inside, grad.to(da_ptr.dtype.element_ty), mask=m2)
+    return carry, xcarry, gcarry, worst
+
+
+@triton.jit
 def _pipelined_kernel(
     coef_ptr,
     u_ptr,
@@ -519,7 +654,10 @@ def _pipelined_kernel(
     (from 0) and PREV_X adds G_s Xprev to da, Xprev from ``prevx`` one step into the forward's past (1
     before t = 1).
     FIXED_DJ > 0 is DJ as a compile-time constant: a thread's steps then sit at immediate offsets from one
-    address, which saves the per-element address arithmetic of a one-warp tile. Inputs contiguous (R, L, DJ).
+    address, which saves the per-element address arithmetic of a one-warp tile. The forward walks (no DA)
+    take the tiles inside L without a mask on their steps (:func:`_walk_tile`), and with FAST bfloat16 pairs
+    widen by a shift and a mask (:func:`~mingru_triton._math.widen`): sm_90 code of the bfloat16 forward
+    tile, 6.6 instructions per element against 7.9 before both. Inputs contiguous (R, L, DJ).
     """
     dj = FIXED_DJ if FIXED_DJ > 0 else DJ
     pid = tl.program_id(0).to(tl.int64)
@@ -543,87 +681,38 @@ def _pipelined_kernel(
     carry = _acc(tl.zeros((BLOCK_J,), tl.float32), FP64)
     if HAS_INIT:
         carry = _first_state(init_ptr, u_ptr, r, L, dj, offs_j, mask_j, H0_SLOT, FP64)
+    h0 = carry  # HAS_PREV0: the forward's state before t = 0
     if HAS_PREV0:
         h0 = _first_state(prev0_ptr, lb_ptr, r, L, dj, offs_j, mask_j, H0_SLOT, FP64)
     worst = _acc(tl.full((BLOCK_J,), float("-inf"), tl.float32), FP64)  # BAIL: largest log coefficient
     xcarry = carry * 0.0 + 1.0  # WRITE_X: the running product before the tile
     gcarry = carry * 0.0  # HAS_UX: the second column's state before the tile
-    # The stored coefficient of a step past L. Forward in time (no SHIFT, no DINIT) it is 0: the asynchronous
-    # copy's zero fill, where 1 costs a select per element; those steps' outputs are masked off and the carry
-    # after the last tile is not used. Otherwise it stands for 1, so that the last tile's final row holds
-    # the state at step L - 1 (DINIT needs it; the adjoints measured slower with 0 in bfloat16).
-    pad = 0.0 if EXP_COEF or not (DINIT or SHIFT) else 1.0
-    for s0 in tl.range(0, L, BLOCK_T, num_stages=STAGES):
-        valid = s0 + lanes_t < L
-        m2 = valid[:, None] & mask_j[None, :]
-        base = base0 + s0 * dstep
-        if EXP_U:
-            ubase = ubase0 + s0 * dstep
-            u = fast_exp(_acc(tl.load(u_ptr + ubase + inside, mask=m2, other=float("-inf")), FP64), FAST)
-        else:
-            u = _acc(tl.load(u_ptr + base + inside, mask=m2, other=0.0), FP64)
-        if SHIFT:
-            # The first walk step has no coefficient; 1 stands in, harmless since the carry into it is 0.
-            qok = valid & (s0 + lanes_t > 0)
-            a = tl.load(coef_ptr + base - dstep + inside, mask=qok[:, None] & mask_j[None, :], other=pad)
-        else:
-            a = tl.load(coef_ptr + base + inside, mask=m2, other=pad)
-        a = _acc(a, FP64)
-        if BAIL:
-            worst = tl.maximum(worst, tl.max(a, axis=0))
-        if EXP_COEF:
-            a = fast_exp(a, FAST)
-        if HAS_UX:
-            ux = _acc(tl.load(ux_ptr + base + inside, mask=m2, other=0.0), FP64)
-        # Steps past L carry u = 0 and a = pad: with a = 1 the state at the tile's last row is the state at
-        # step L - 1.
-        if COLUMNS > 0:
-            u = tl.where(top, u + a * carry[None, :], u)
-            if HAS_UX:
-                ux = tl.where(top, ux + a * gcarry[None, :], ux)
-                p, h, g = tl.associative_scan((a, u, ux), 0, _compose2)
-            else:
-                p, h = tl.associative_scan((a, u), 0, _compose)
-        else:
-            if HAS_UX:
-                p, h, g = tl.associative_scan((a, u, ux), 0, _compose2)
-                g = g + p * gcarry[None, :]
-            else:
-                p, h = tl.associative_scan((a, u), 0, _compose)
-            h = h + p * carry[None, :]
-        carry = tl.sum(tl.where(last, h, 0.0), axis=0)
-        if HAS_UX:
-            gcarry = tl.sum(tl.where(last, g, 0.0), axis=0)
-        if WRITE_X:
-            x = p * xcarry[None, :]
-            xcarry = tl.sum(tl.where(last, x, 0.0), axis=0)
-            tl.store(xout_ptr + base + inside, x.to(xout_ptr.dtype.element_ty), mask=m2)
-        if LOG_GRADS:
-            lbase = lbase0 + s0 * dstep
-            lb = _acc(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FP64)
-            tl.store(
-                hout_ptr + lbase + inside, (h * fast_exp(lb, FAST)).to(hout_ptr.dtype.element_ty), mask=m2
-            )
-        else:
-            tl.store(hout_ptr + base + inside, h.to(hout_ptr.dtype.element_ty), mask=m2)
-        if DA:
-            # The stored state one step into the forward's past: time - 1 when walking back, time + 1 else.
-            steps = s0 + lanes_t
-            ptime = L - 2 - steps if WALK_REV else steps + 1
-            pok = valid & (ptime >= 0) & (ptime < L)
-            hp = tl.load(prevh_ptr + base + dstep + inside, mask=pok[:, None] & mask_j[None, :], other=0.0)
-            hp = _acc(hp, FP64)
-            if HAS_PREV0:
-                hp = tl.where(pok[:, None], hp, h0[None, :])
-            grad = h * hp
-            if PREV_X:
-                pm = pok[:, None] & mask_j[None, :]
-                grad = grad + g * _acc(tl.load(prevx_ptr + base + dstep + inside, mask=pm, other=1.0), FP64)
-            if LOG_GRADS:
-                grad = grad * fast_exp(
-                    _acc(tl.load(coef_ptr + base + inside, mask=m2, other=0.0), FP64), FAST
-                )
-            tl.store(da_ptr + base + inside, grad.to(da_ptr.dtype.element_ty), mask=m2)
+    # The forward walks (no DA) take every tile but a last partial one without a mask on its steps; the
+    # adjoints keep one masked loop (float32 measured 0.5%-1.7% slower with the split, bfloat16 level).
+    if DA:
+        for s0 in tl.range(0, L, BLOCK_T, num_stages=STAGES):
+            carry, xcarry, gcarry, worst = _walk_tile(
+                coef_ptr, u_ptr, ux_ptr, hout_ptr, xout_ptr, prevh_ptr, prevx_ptr, da_ptr, lb_ptr, s0, L,
+                base0, ubase0, lbase0, dstep, inside, lanes_t, mask_j, top, last, h0, carry, xcarry, gcarry,
+                worst, WALK_REV, SHIFT, DA, HAS_PREV0, DINIT, WRITE_X, HAS_UX, PREV_X, EXP_COEF, EXP_U, FAST,
+                LOG_GRADS, BAIL, H0_SLOT, COLUMNS, BLOCK_T, FP64, 1,
+            )  # fmt: skip
+    else:
+        full = L // BLOCK_T * BLOCK_T
+        for s0 in tl.range(0, full, BLOCK_T, num_stages=STAGES):
+            carry, xcarry, gcarry, worst = _walk_tile(
+                coef_ptr, u_ptr, ux_ptr, hout_ptr, xout_ptr, prevh_ptr, prevx_ptr, da_ptr, lb_ptr, s0, L,
+                base0, ubase0, lbase0, dstep, inside, lanes_t, mask_j, top, last, h0, carry, xcarry, gcarry,
+                worst, WALK_REV, SHIFT, DA, HAS_PREV0, DINIT, WRITE_X, HAS_UX, PREV_X, EXP_COEF, EXP_U, FAST,
+                LOG_GRADS, BAIL, H0_SLOT, COLUMNS, BLOCK_T, FP64, 0,
+            )  # fmt: skip
+        if full < L:
+            carry, xcarry, gcarry, worst = _walk_tile(
+                coef_ptr, u_ptr, ux_ptr, hout_ptr, xout_ptr, prevh_ptr, prevx_ptr, da_ptr, lb_ptr, full, L,
+                base0, ubase0, lbase0, dstep, inside, lanes_t, mask_j, top, last, h0, carry, xcarry, gcarry,
+                worst, WALK_REV, SHIFT, DA, HAS_PREV0, DINIT, WRITE_X, HAS_UX, PREV_X, EXP_COEF, EXP_U, FAST,
+                LOG_GRADS, BAIL, H0_SLOT, COLUMNS, BLOCK_T, FP64, 1,
+            )  # fmt: skip
     if BAIL:  # noqa: SIM102 (a constexpr test around a runtime one)
         # A coefficient above 1 (a log above 0): flag the launch; the caller's fallback redoes all of it.
         if tl.max(worst, axis=0) > 0.0:
