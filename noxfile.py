@@ -208,6 +208,15 @@ def build(session: nox.Session) -> None:
 
 
 WHEELS = ROOT / ".whl"
+LOST_CHECK = """
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1], newline="")))
+runs = {row["run"] for row in rows}
+lost = [row for row in rows if "device context is lost" in row["status"]]
+assert len(rows) == 8 and len(runs) == 1 and len(lost) == 1, (len(rows), runs, len(lost))
+assert lost[0]["impl"].startswith("eager") and all(r["status"] == "ok" for r in rows if r["impl"] == "mingru")
+print(f"the run went on after the lost device: {len(rows)} rows, run {runs.pop()}")
+"""
 
 
 @nox.session
@@ -229,6 +238,13 @@ def bench_smoke(session: nox.Session) -> None:
     session.run("python", bench, "--smoke", *pin, "--csv", str(table), *session.posargs)
     session.run("python", bench, "--summary-from", str(table))
     session.run("python", bench, "--smoke", "--groups", "seed,diag", "--dtypes", "float32", "--warm", "2")
+    # A CUDA error that leaves the device unusable, simulated at the second measurement (an eager baseline):
+    # the run goes on in a new process and its CSV holds every row under one run id.
+    lost = Path(session.create_tmp()) / "lost.csv"
+    lost.unlink(missing_ok=True)
+    session.run("python", bench, "--smoke", "--groups", "seed", "--dtypes", "float32", "--eager",
+                "--simulate-lost-context", "2", "--csv", str(lost))  # fmt: skip
+    session.run("python", "-c", LOST_CHECK, str(lost))
     sweep = str(ROOT / "benchmarks" / "sweep.py")
     session.run("python", sweep, "--smoke", "--family", "linear")
     session.run("python", sweep, "--smoke", "--family", "scan", "--modes", "fwd,bwd")  # the adjoint alone

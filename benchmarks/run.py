@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,8 @@ class Runner:
         self.run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         if args.cpu is not None:
             self.run_id += f" cpu {args.cpu}"
+        if args.run_id is not None:  # a continuation (:func:`continue_elsewhere`) keeps its parent's id
+            self.run_id = args.run_id
         self.env = self._environment()
         self.writer: Any = None
         if args.csv is not None:
@@ -501,7 +503,17 @@ class Runner:
         print(" | ".join(cells), flush=True)
 
     def run(self, selected: list[registry.Case]) -> None:
+        """Measure every (case, dtype, mode, impl) of ``selected`` in order, one row each, skipping the first
+        ``--after`` (done by an earlier process of the run). Raises :class:`ContextLost` after the row whose
+        error left the device unusable."""
+        try:
+            self._run(selected)
+        finally:
+            gc.unfreeze()  # so that what the run leaves is collected at exit as usual
+
+    def _run(self, selected: list[registry.Case]) -> None:
         args = self.args
+        place = 0
         for case in selected:
             shape = case.tiny if args.smoke else case.shape
             for dtype in case.dtypes:
@@ -513,21 +525,37 @@ class Runner:
                     for impl in case.impls:
                         if not _impl_selected(impl, args):
                             continue
+                        place += 1
+                        if place <= args.after:
+                            continue
                         started = time.perf_counter()
+                        lost: BaseException | None = None
                         if self.elapsed() > args.budget_min * 60:
                             row = {"status": f"skipped: time budget ({args.budget_min:g} min) spent"}
                         elif (why := self.unavailable(case, impl, shape, dtype, mode)) is not None:
                             row = {"status": why, "note": impl.note}
                         else:
                             try:
+                                if place == args.simulate_lost_context:
+                                    raise RuntimeError(f"CUDA error: {LOST_CONTEXT[0]} (simulated)")
                                 row = self.measure(case, impl, shape, dtype, mode)
                             except Exception as exc:
                                 row = {"status": f"error: {type(exc).__name__}: {str(exc)[:200]}"}
-                        self.release()
+                                lost = exc if context_lost(exc) else None
+                        try:
+                            self.release()
+                        except Exception as exc:  # the device's error surfaced after the row
+                            if not context_lost(exc):
+                                raise
+                            lost = lost or exc
+                            row = {"status": f"error: {type(exc).__name__}: {str(exc)[:200]}"}
+                        if lost is not None:
+                            row["status"] += "; the device context is lost: the run goes on in a new process"
                         row["row_s"] = time.perf_counter() - started
                         self.wall[case.group] = self.wall.get(case.group, 0.0) + row["row_s"]
                         self.emit(case, shape, dtype, mode, impl, row)
-        gc.unfreeze()  # so that what the run leaves is collected at exit as usual
+                        if lost is not None:
+                            raise ContextLost(place)
 
     def release(self) -> None:
         """Free what the last row left in reference cycles, then freeze the survivors: a full collection
@@ -771,6 +799,24 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="I/N",
         help="run only the cases whose place in the selection is I modulo N (what --warm gives each process)",
     )
+    parser.add_argument(
+        "--run-id", default=None, help="the run id of the rows (default: the start time and --cpu core)"
+    )
+    parser.add_argument(
+        "--after",
+        type=int,
+        default=0,
+        metavar="N",
+        help="skip the first N measurements of the selection (a run that goes on in a new process after a "
+        "CUDA error left the device unusable starts it with the rows written so far)",
+    )
+    parser.add_argument(
+        "--simulate-lost-context",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the N-th measurement fails as if the device were lost (tests the continuation; 0: never)",
+    )
     parser.add_argument("--list", action="store_true", help="list the cases and impls, run nothing")
     parser.add_argument(
         "--smoke", action="store_true", help="CPU, tiny shapes, kernels under TRITON_INTERPRET"
@@ -782,6 +828,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--cpu must be one of the cores this process may run on {allowed}, got {args.cpu}")
     if args.warm < 0:
         parser.error(f"--warm must be a count of processes >= 0, got {args.warm}")
+    if args.after < 0 or args.simulate_lost_context < 0:
+        got = f"{args.after} and {args.simulate_lost_context}"
+        parser.error(f"--after and --simulate-lost-context must be >= 0, got {got}")
     if args.rep is None:
         args.rep = 30.0 if args.quick else 60.0
     if args.warmup is None:
@@ -800,6 +849,67 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+LOST_CONTEXT = (
+    "an illegal memory access was encountered",
+    "an illegal instruction was encountered",
+    "misaligned address",
+    "unspecified launch failure",
+    "device-side assert triggered",
+)
+"""CUDA errors after which the process's device context is unusable: every later call fails with them."""
+EXIT_LOST = 75
+"""Exit code of a continuation process that lost its device context in turn."""
+
+
+def context_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the sticky CUDA errors of :data:`LOST_CONTEXT`."""
+    text = str(exc)
+    return any(what in text for what in LOST_CONTEXT)
+
+
+class ContextLost(Exception):
+    """A row's error left the device unusable in this process; ``done`` measurements of the selection are
+    behind it (its own included)."""
+
+    def __init__(self, done: int) -> None:
+        super().__init__(f"device context lost after {done} measurements")
+        self.done = done
+
+
+# options a continuation does not take from its parent: it is told where to start, for how long and where
+# to write; the parent draws the summary and plots
+_NOT_CONTINUED = {
+    "--warm": 1, "--budget-min": 1, "--csv": 1, "--summary": 1, "--plots": 1, "--run-id": 1, "--after": 1,
+    "--simulate-lost-context": 1,
+}  # fmt: skip
+
+
+def continue_elsewhere(argv: Sequence[str], runner: Runner, done: int) -> list[dict[str, Any]]:
+    """The rest of the run after a lost device context, in new processes (each starts after the rows
+    written so far, with what is left of ``--budget-min``), until one ends without losing it or no
+    measurement is left. Returns their rows, typed as :func:`rows_from_csv` gives them."""
+    folder = Path(tempfile.mkdtemp(prefix="bench-continued-"))
+    table = folder / "rows.csv"
+    script = Path(__file__).with_name("bench.py")
+    rows: list[dict[str, Any]] = []
+    while True:
+        left = (runner.args.budget_min * 60 - runner.elapsed()) / 60
+        cmd = [sys.executable, str(script), *_without(argv, _NOT_CONTINUED), "--csv", str(table)]
+        cmd += ["--run-id", runner.run_id, "--after", str(done), "--budget-min", f"{max(left, 0.0):.4f}"]
+        print(f"# continuing in a new process after {done} measurements, {left:.1f} min left", flush=True)
+        code = subprocess.run(cmd, check=False).returncode
+        rows = rows_of_run(table, runner.run_id) if table.exists() else []
+        if code != EXIT_LOST:
+            if code != 0:
+                print(f"# the continuation exited {code}", flush=True)
+            return rows
+        now = runner.args.after + len(runner.rows) + len(rows)
+        if now <= done:
+            print("# the continuation lost the device before its first row; stopping", flush=True)
+            return rows
+        done = now
+
+
 # options a warm-up process does not take from its parent: timing, outputs, pinning, sharding, warming
 _NOT_INHERITED = {
     "--warm": 1, "--shard": 1, "--rep": 1, "--warmup": 1, "--budget-min": 1, "--cpu": 1, "--csv": 1,
@@ -809,6 +919,11 @@ _NOT_INHERITED = {
 
 def _inherited(argv: Sequence[str]) -> list[str]:
     """``argv`` without the options in ``_NOT_INHERITED`` (``--opt value`` and ``--opt=value`` forms)."""
+    return _without(argv, _NOT_INHERITED)
+
+
+def _without(argv: Sequence[str], options: dict[str, int]) -> list[str]:
+    """``argv`` without ``options`` (name -> how many values follow it; ``--opt=value`` forms too)."""
     out: list[str] = []
     skip = 0
     for arg in argv:
@@ -816,8 +931,8 @@ def _inherited(argv: Sequence[str]) -> list[str]:
             skip -= 1
             continue
         name = arg.split("=", 1)[0]
-        if name in _NOT_INHERITED:
-            skip = 0 if "=" in arg else _NOT_INHERITED[name]
+        if name in options:
+            skip = 0 if "=" in arg else options[name]
             continue
         out.append(arg)
     return out
@@ -874,8 +989,19 @@ def rows_from_csv(path: Path) -> tuple[str, dict[str, str], list[dict[str, Any]]
     if not found:
         raise SystemExit(f"--summary-from: {path} has no rows")
     run_id = max(r["run"] for r in found)
+    env = {key: found[-1][key] for key in ("gpu", "torch", "triton", "mingru", "peers")}
+    return run_id, env, _typed(r for r in found if r["run"] == run_id)
+
+
+def rows_of_run(path: Path, run_id: str) -> list[dict[str, Any]]:
+    """The rows of run ``run_id`` in a CSV written by ``--csv``, typed as in a run."""
+    with path.open(newline="") as handle:
+        return _typed(r for r in csv.DictReader(handle) if r["run"] == run_id)
+
+
+def _typed(found: Iterable[dict[str, str]]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for raw in (r for r in found if r["run"] == run_id):
+    for raw in found:
         row: dict[str, Any] = dict(raw)
         for key, value in raw.items():
             if key in _TEXT_FIELDS:
@@ -883,8 +1009,7 @@ def rows_from_csv(path: Path) -> tuple[str, dict[str, str], list[dict[str, Any]]
             row[key] = None if value == "" else float(value)
         row["ours"] = bool(row["ours"])
         rows.append(row)
-    env = {key: found[-1][key] for key in ("gpu", "torch", "triton", "mingru", "peers")}
-    return run_id, env, rows
+    return rows
 
 
 _TEXT_FIELDS = frozenset(
@@ -924,7 +1049,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if runner.cuda:
         torch.backends.cuda.matmul.allow_tf32 = False
-    runner.run(selected)
+    try:
+        runner.run(selected)
+    except ContextLost as lost:
+        if args.after > 0:  # a continuation: its parent starts the next one
+            return EXIT_LOST
+        more = continue_elsewhere(sys.argv[1:] if argv is None else argv, runner, lost.done)
+        if runner.writer is not None:
+            for row in more:
+                runner.writer.writerow({k: _fmt(row.get(k)) for k in FIELDS})
+            runner.handle.flush()
+        runner.rows.extend(more)
+    if args.after > 0:  # a continuation: the rows are in its CSV, its parent draws the summary
+        return 0
     lines = summarize(runner.rows, with_targets=not args.smoke)
     table = render(lines, env, runner.run_id, runner.rows)
     print("\n## Summary\n")
