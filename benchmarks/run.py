@@ -891,7 +891,6 @@ def continue_elsewhere(argv: Sequence[str], runner: Runner, done: int) -> list[d
     folder = Path(tempfile.mkdtemp(prefix="bench-continued-"))
     table = folder / "rows.csv"
     script = Path(__file__).with_name("bench.py")
-    rows: list[dict[str, Any]] = []
     while True:
         left = (runner.args.budget_min * 60 - runner.elapsed()) / 60
         cmd = [sys.executable, str(script), *_without(argv, _NOT_CONTINUED), "--csv", str(table)]

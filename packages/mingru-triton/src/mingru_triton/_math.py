@@ -62,14 +62,10 @@ def fast_div(x, y, FAST: tl.constexpr):
 def widen(x, FAST: tl.constexpr):
     """``x`` in float32. For bfloat16 with FAST, each register of two values becomes a shift (the low one)
     and a mask (the high one): Triton's conversion spends a permute more on the high one. Same bits."""
-    if FAST:
-        if x.dtype == tl.bfloat16:
-            y = tl.inline_asm_elementwise(
-                "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [x], dtype=tl.float32,
-                is_pure=True, pack=2,
-            )  # fmt: skip
-        else:
-            y = x.to(tl.float32)
-    else:
-        y = x.to(tl.float32)
+    y = x.to(tl.float32)
+    if FAST and x.dtype == tl.bfloat16:
+        y = tl.inline_asm_elementwise(
+            "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [x], dtype=tl.float32,
+            is_pure=True, pack=2,
+        )  # fmt: skip
     return y
