@@ -86,8 +86,18 @@ def median_ms(fn: Callable[[], Any], *, cuda: bool, warmup: int, rep: int, tries
     return statistics.median(times)
 
 
-def peak_bytes(fn: Callable[[], Any], *, cuda: bool) -> int | None:
-    """Bytes allocated during one call of ``fn`` beyond what was allocated before it (None off CUDA)."""
+def _storages(out: Any) -> int:
+    """Bytes of the distinct storages of the tensors in ``out`` (a tensor, or a tuple or list of them)."""
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    storages = {id(t): t.untyped_storage() for t in items if isinstance(t, Tensor)}.values()
+    return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
+
+
+def call_memory(fn: Callable[[], Any], *, cuda: bool) -> tuple[int, int] | None:
+    """(peak, released) of one call of ``fn`` (None off CUDA): ``peak`` the most bytes allocated during it
+    beyond what was allocated before it; ``released`` how many bytes of what ``fn`` returns are missing from
+    what is allocated after it: memory allocated before the call and freed during it, which ``peak`` does
+    not see (0 for a sound reading). Automatic garbage collection is off during the call."""
     if not cuda:
         return None
     gc.collect()
@@ -95,11 +105,28 @@ def peak_bytes(fn: Callable[[], Any], *, cuda: bool) -> int | None:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        out = fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        held = torch.cuda.memory_allocated() - before
+        returned = _storages(out)
+    finally:
+        if enabled:
+            gc.enable()
     del out
-    return peak
+    return peak, max(0, returned - held)
+
+
+def peak_bytes(fn: Callable[[], Any], *, cuda: bool) -> int | None:
+    """Bytes allocated during one call of ``fn`` beyond what was allocated before it (None off CUDA, or
+    when memory allocated before the call was freed during it: see :func:`call_memory`)."""
+    taken = call_memory(fn, cuda=cuda)
+    if taken is None or taken[1] > 0:
+        return None
+    return taken[0]
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -227,8 +254,8 @@ class Runner:
         self.sync()
         return out, time.perf_counter() - start
 
-    def peak_bytes(self, fn: Callable[[], Any]) -> int | None:
-        return peak_bytes(fn, cuda=self.cuda)
+    def call_memory(self, fn: Callable[[], Any]) -> tuple[int, int] | None:
+        return call_memory(fn, cuda=self.cuda)
 
     # ------------------------------------------------------------------------------------- callables
 
@@ -421,7 +448,8 @@ class Runner:
         if mode != "fwd":
             least += 2 * _nbytes(gouts)
         del first
-        _, second_s = self.one_call(fn)
+        second, second_s = self.one_call(fn)
+        del second
         if second_s * 1e3 > self.args.slow_ms:
             ms = second_s * 1e3
             row["note"] = "; ".join([*notes, "one timed call (slow)"])
@@ -433,12 +461,17 @@ class Runner:
                 row["gpu_ms"] = gpu_ms
             elif why:
                 row["note"] = "; ".join([*notes, why])
-        peak = self.peak_bytes(fn)
+        memory = self.call_memory(fn)
         row["ms"] = ms
-        if peak is not None:
-            row["peak_mb"] = (base + peak) / 2**20
+        if memory is not None and memory[1] > 0:
+            # the peak would miss what was freed: no figure, and the reason
+            freed = f"{memory[1] / 2**20:.0f} MB"
+            why = f"peak memory not taken: {freed} allocated before the call were freed during it"
+            row["note"] = "; ".join(x for x in (row.get("note"), why) if x)
+        elif memory is not None:
+            row["peak_mb"] = (base + memory[0]) / 2**20
             row["least_mb"] = least / 2**20
-            row["mem_x_least"] = (base + peak) / least
+            row["mem_x_least"] = (base + memory[0]) / least
         if case.bytes_fwd is not None and case.bytes_bwd is not None:
             itemsize = torch.empty((), dtype=dtype).element_size()
             nbytes = {
