@@ -418,7 +418,7 @@ def _lookback_kernel(
         # Walk back to the nearest earlier tile of the chain with a published final state, waiting at a
         # tile that has published nothing yet. (Polling 32 statuses at once, one per lane, was slower on an
         # H200: the extra atomics cost more than the round trips they save. So were 8, 16 or 32 volatile
-        # loads per round trip with one fence after them, even at few chains: 1.2x-1.5x the time at
+        # loads per round trip with one fence after them, even at few chains: 1.2x-1.6x the time at
         # (1, 65536, 256), docs/benchmarks.md, round 18.)
         found = tile - CHAINS
         seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
