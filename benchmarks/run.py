@@ -89,7 +89,7 @@ def median_ms(fn: Callable[[], Any], *, cuda: bool, warmup: int, rep: int, tries
 def _storages(out: Any) -> int:
     """Bytes of the distinct storages of the tensors in ``out`` (a tensor, or a tuple or list of them)."""
     items = out if isinstance(out, (tuple, list)) else (out,)
-    storages = {id(t): t.untyped_storage() for t in items if isinstance(t, Tensor)}.values()
+    storages = [t.untyped_storage() for t in items if isinstance(t, Tensor)]
     return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
 
 
