@@ -15,17 +15,13 @@ from typing import Any
 
 import pytest
 import torch
-from kernel_cases import gates, on_interpreter
+from kernel_cases import gates, on_cuda, on_interpreter
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 pytest.importorskip("mingru_triton.linear")
 
 from mingru_triton import _launch, affine, angle, diag, linear, log
-
-needs_switch = pytest.mark.skipif(
-    _launch._set_wrap_enabled is None, reason="this torch has no set_wrap_triton_enabled: the op always runs"
-)
 
 
 def _linear_inputs(gen: torch.Generator) -> tuple[Tensor, ...]:
@@ -67,7 +63,6 @@ def _forward_backward(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...]) -> 
     return out.grad_fn, [out.detach(), *torch.autograd.grad(out, leaves, grad)]
 
 
-@needs_switch
 @pytest.mark.parametrize("name", list(FAMILIES))
 class TestEagerPath:
     pytestmark = on_interpreter
@@ -83,13 +78,19 @@ class TestEagerPath:
             assert torch.equal(got, want)
 
     def test_without_grad_and_in_inference_mode(self, name: str) -> None:
+        """A call that records no graph runs the body alone (no Function node) with the op's bits."""
         module, op, make = FAMILIES[name]
         inputs = make(torch.Generator().manual_seed(1))
         want = op(*inputs)
-        with torch.no_grad():
-            assert torch.equal(module.recurrence(*inputs), want)
-        with torch.inference_mode():
-            assert torch.equal(module.recurrence(*inputs), want)
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        for args in (inputs, leaves):
+            with torch.no_grad():
+                got = module.recurrence(*args)
+            assert torch.equal(got, want) and got.grad_fn is None and not got.requires_grad
+            with torch.inference_mode():
+                assert torch.equal(module.recurrence(*args), want)
+        got = module.recurrence(*inputs)
+        assert torch.equal(got, want) and got.grad_fn is None
 
     def test_rejects_what_the_op_rejects(self, name: str) -> None:
         module, op, make = FAMILIES[name]
@@ -106,7 +107,6 @@ def _plain() -> tuple[Tensor, Tensor]:
     return torch.zeros(2, 3), torch.nn.Parameter(torch.zeros(3))
 
 
-@needs_switch
 def test_fast_path_takes_plain_tensors_and_parameters() -> None:
     assert _launch.eager_fast_path(*_plain())
 
@@ -224,12 +224,109 @@ class _SpyKernel:
         return lambda *args, **meta: self.calls.append((grid, args, meta))
 
 
-@needs_switch
 def test_launch_calls_the_kernel_directly_where_wrap_triton_only_passes_it_on() -> None:
     spy = _SpyKernel()
     with _launch._eager_launches():
         _launch.launch(spy, (3,), 7, FLAG=1)
     assert spy.calls == [((3,), (7,), {"FLAG": 1})]
+
+
+class _StubDriver:
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int) -> int:
+        return 0
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh launch cache whose Triton driver is a stub (no CUDA needed to compute signatures)."""
+    fresh = _launch._Launches()
+    fresh.driver = _StubDriver()
+    fresh.enabled = True
+    monkeypatch.setattr(_launch, "_LAUNCHES", fresh)
+    return fresh
+
+
+def _jit_kernel() -> Any:
+    import triton
+
+    kernel = linear._pipelined_kernel
+    if type(kernel) is not triton.JITFunction:
+        pytest.skip("the kernels are interpreted (TRITON_INTERPRET=1): no direct launches")
+    return kernel
+
+
+def test_launch_signature_separates_what_triton_specialises_on(launches: Any) -> None:
+    """Two launches share a compiled kernel only where Triton would: same dtypes, tensor alignment, int
+    classes (1, multiple of 16, 32/64-bit), None-ness, keyword values; other int values share it."""
+    kernel = _jit_kernel()
+    x = torch.zeros(64)
+    meta = {"BLOCK": 16, "num_warps": 4}
+
+    def key(*args: Any, grid: Any = (4,), **kw: Any) -> Any:
+        return launches.key(kernel, grid, args, kw or meta)
+
+    base = key(x, None, 32, 7)
+    assert base is not None
+    assert key(torch.ones(64), None, 48, 9) == base  # other values of the same kinds
+    different = {
+        "dtype": key(x.double(), None, 32, 7),
+        "alignment": key(x[1:], None, 32, 7),
+        "None-ness": key(x, x, 32, 7),
+        "int == 1": key(x, None, 1, 7),
+        "int % 16": key(x, None, 33, 7),
+        "64-bit int": key(x, None, 2**31 + 16, 7),
+        "unsigned int": key(x, None, 2**63 + 16, 7),
+        "keyword value": key(x, None, 32, 7, BLOCK=32, num_warps=4),
+        "keyword name": key(x, None, 32, 7, OTHER=16, num_warps=4),
+        "grid rank": key(x, None, 32, 7, grid=(4, 1)),
+    }
+    for name, other in different.items():
+        assert other is not None and other != base, name
+    assert key(x, None, 32, 1.5) != base and key(x, None, 32, 1.5) == key(x, None, 32, 2.5)
+    assert key(x, None, 32, True) != key(x, None, 32, 1.5)
+
+
+def test_triton_launches_what_a_signature_cannot_hold(launches: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import triton
+
+    kernel = _jit_kernel()
+    x = torch.zeros(8)
+    assert launches.key(kernel, lambda meta: (1,), (x,), {}) is None  # a grid function
+    assert launches.key(_SpyKernel(), (1,), (x,), {}) is None  # not a @triton.jit kernel
+    assert launches.key(kernel, (1,), (x, object()), {}) is None  # an argument of another kind
+    hooks = triton.knobs.runtime
+    hook = getattr(hooks.launch_enter_hook, "add", None)
+    if hook is not None:  # a profiler's launch hook: Triton launches every call
+        seen = lambda *args: None  # noqa: E731
+        hook(seen)
+        try:
+            assert launches.key(kernel, (1,), (x,), {}) is None
+        finally:
+            hooks.launch_enter_hook.remove(seen)
+    assert launches.key(kernel, (1,), (x,), {}) is not None
+    monkeypatch.setattr(launches, "driver", None)
+    assert launches.key(kernel, (1,), (x,), {}) is None  # no launch through Triton has run yet
+
+
+def test_launch_cache_keeps_the_arguments_after_the_positional_ones(launches: Any) -> None:
+    """What a cached launch appends to the positional arguments: the keyword arguments and the defaults, in
+    the kernel's parameter order; a compiled result without a launcher is not kept."""
+    kernel = _jit_kernel()
+
+    class Compiled:
+        run, function, packed_metadata = "launcher", "function", "metadata"
+
+    names = [param.name for param in kernel.params]
+    given = len(names) - 3
+    meta = {name: index for index, name in enumerate(names[given:])}
+    launches.remember(("k",), kernel, Compiled(), given, {**meta, "num_warps": 4})
+    assert launches.kernels[("k",)] == ("launcher", "function", "metadata", (0, 1, 2))
+    launches.remember(("tensor keyword",), kernel, Compiled(), given, {**meta, names[-1]: torch.zeros(1)})
+    launches.remember(("no launcher",), kernel, object(), given, meta)
+    assert list(launches.kernels) == [("k",)]
 
 
 def test_launch_goes_through_wrap_triton_otherwise() -> None:
@@ -290,7 +387,6 @@ def test_log_plans_are_memoised_with_the_forced_strategy_in_the_key() -> None:
         assert log._plan(batch, steps, width) == log._make_plan(batch, steps, width, 132, 256, 4, None)
 
 
-@needs_switch
 def test_unused_pointers_are_passed_as_none(monkeypatch: pytest.MonkeyPatch) -> None:
     """The forward of the recurrence reads a, b, h0 and writes h: the other pointers of the generic kernel
     are None, so the launch neither inspects nor specialises on them."""
@@ -305,3 +401,86 @@ def test_unused_pointers_are_passed_as_none(monkeypatch: pytest.MonkeyPatch) -> 
     given = {name: arg for name, arg in zip(names, args, strict=False)}
     assert given["coef"] is a and given["u"] is b and given["init"] is h0 and given["hout"] is h
     assert all(given[name] is None for name in names if name not in ("coef", "u", "init", "hout"))
+
+
+# ---------------------------------------------------------------------------------- direct launches (CUDA)
+
+
+def _cuda_calls(dtype: torch.dtype) -> list[tuple[str, Callable[[], list[Tensor]]]]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (3, 700, 96)
+    a = torch.rand(shape, device="cuda", generator=gen).to(dtype) * 0.5 + 0.5
+    b = torch.randn(shape, device="cuda", generator=gen).to(dtype)
+    lc = -torch.rand(shape, device="cuda", generator=gen).to(dtype)
+    h0 = torch.randn(3, 96, device="cuda", generator=gen).to(dtype)
+    grad = torch.randn(shape, device="cuda", generator=gen).to(dtype)
+
+    def both(fn: Callable[..., Tensor], *inputs: Tensor) -> Callable[[], list[Tensor]]:
+        def run() -> list[Tensor]:
+            leaves = [x.clone().requires_grad_() for x in inputs]
+            out = fn(*leaves)
+            return [out.detach(), *torch.autograd.grad(out, leaves, grad)]
+
+        return run
+
+    return [
+        ("linear", both(linear.recurrence, a, b, h0)),
+        ("log", both(log.recurrence, lc, b, h0)),
+        ("scan", lambda: list(linear.linear_scan_fwd(a, b))),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+class TestDirectLaunch:
+    pytestmark = on_cuda
+
+    def test_same_bits_as_triton_launches(self, dtype: torch.dtype) -> None:
+        """Cached launches give the bits of Triton's own launches, and the cache is used."""
+        for name, run in _cuda_calls(dtype):
+            with _launch.via_triton():
+                want = run()
+            first, second = run(), run()  # the first fills the cache, the second launches from it
+            for got in (first, second):
+                for g, w in zip(got, want, strict=True):
+                    assert torch.equal(g, w), name
+        assert _launch._LAUNCHES.kernels
+
+    def test_launches_skip_tritons_run(self, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With an empty cache each launch of a call goes through Triton once; later calls not at all, unless
+        within via_triton."""
+        fresh = _launch._Launches()
+        fresh.first_launch()
+        monkeypatch.setattr(_launch, "_LAUNCHES", fresh)
+        kernels = {linear._pipelined_kernel, linear._scan_kernel, linear._lookback_kernel}
+        counts: dict[Any, int] = {}
+        for kernel in kernels:
+            run = kernel.run
+
+            def counted(*args: Any, _run: Any = run, _kernel: Any = kernel, **kw: Any) -> Any:
+                counts[_kernel] = counts.get(_kernel, 0) + 1
+                return _run(*args, **kw)
+
+            monkeypatch.setattr(kernel, "run", counted)
+        _, run = _cuda_calls(dtype)[0]
+        run()
+        before = dict(counts)
+        for _ in range(3):
+            run()
+        assert before and counts == before, (before, counts)
+        with _launch.via_triton():
+            run()
+        assert counts == {kernel: 2 * count for kernel, count in before.items()}
+
+    def test_misaligned_inputs_get_their_own_kernel(self, dtype: torch.dtype) -> None:
+        """An input one element past an aligned address (a view at offset 1) must not take the kernel compiled
+        for aligned pointers; its result matches the same call on an aligned copy."""
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        width = 96
+        flat = torch.rand(2 * 300 * width + 1, device="cuda", generator=gen).to(dtype) * 0.5 + 0.5
+        a = flat[1:].view(2, 300, width)
+        assert a.data_ptr() % 16 != 0
+        b = torch.randn(2, 300, width, device="cuda", generator=gen).to(dtype)
+        h0 = torch.randn(2, width, device="cuda", generator=gen).to(dtype)
+        want = linear.recurrence(a.clone(), b, h0)
+        got = linear.recurrence(a, b, h0)
+        assert torch.equal(got, want)

@@ -4,7 +4,8 @@ Every ``torch.library.triton_op`` body here is ``.contiguous()`` + ``empty_like`
 :func:`launch`. Under ``torch.compile`` and fake tensors the launch goes through ``wrap_triton`` so the op
 traces into one graph node. Where ``wrap_triton`` would only pass the call on (an op body running eagerly
 on real tensors), the kernel is called directly, which saves building the wrapper on every launch (about
-40 us on an H200 host). Real CPU tensors under ``TRITON_INTERPRET=1`` call the kernel directly too, since
+40 us on an H200 host), and a kernel Triton has compiled for the same argument kinds is launched from a
+cache (:func:`launch`). Real CPU tensors under ``TRITON_INTERPRET=1`` call the kernel directly too, since
 torch releases before 2.13 refuse interpreted kernels inside ``wrap_triton``.
 """
 
@@ -13,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+import triton
 from torch import Tensor
 from torch._library import triton as torch_triton
 from torch._subclasses.fake_tensor import is_fake
@@ -26,12 +29,8 @@ from torch.library import wrap_triton
 from mingru.dispatch import ScanFallback, interpret_requested
 
 # False while a triton_op body runs eagerly on real tensors (wrap_triton then calls the kernel itself). A
-# torch without these always goes through wrap_triton and the ops.
+# torch without it always goes through wrap_triton inside the ops.
 _wrap_enabled: Callable[[], bool] = getattr(torch_triton, "is_wrap_triton_enabled", lambda: True)
-_set_wrap_enabled: Callable[[bool], contextlib.AbstractContextManager[None]] | None = getattr(
-    torch_triton, "set_wrap_triton_enabled", None
-)
-
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DEFAULT_SMS = 132
@@ -39,35 +38,163 @@ DEFAULT_SMS = 132
 
 
 def _direct(args: Sequence[Any]) -> bool:
-    if not interpret_requested():
-        return False
+    """Whether ``args`` are real CPU tensors under the Triton interpreter (its kernels take them directly)."""
     for arg in args:
         if isinstance(arg, Tensor):
-            return arg.device.type == "cpu" and not is_fake(arg)
+            return arg.device.type == "cpu" and not is_fake(arg) and interpret_requested()
     return False
 
 
 Grid = tuple[int, ...] | Callable[..., tuple[int, ...]]
 
+_EAGER = threading.local()
+"""``on`` is True while this thread runs an op's body eagerly (:func:`_eager_launches`)."""
+
 
 def launch(kernel: Any, grid: Grid, *args: Any, **meta: Any) -> None:
     """Launch a ``@triton.jit`` ``kernel`` on ``grid``: through ``wrap_triton`` while tracing, directly when
-    ``wrap_triton`` would pass the call on unchanged or for real CPU tensors under the Triton interpreter."""
-    if not _wrap_enabled() or _direct(args):
+    ``wrap_triton`` would pass the call on unchanged or for real CPU tensors under the Triton interpreter.
+    A direct CUDA launch whose argument kinds Triton has compiled before skips Triton's own launch path
+    (:class:`_Launches`)."""
+    if getattr(_EAGER, "on", False) or not _wrap_enabled():
+        _LAUNCHES.launch(kernel, grid, args, meta)
+    elif _direct(args):
         kernel[grid](*args, **meta)
     else:
         wrap_triton(kernel)[grid](*args, **meta)
+
+
+def _simple(value: object) -> bool:
+    return value is None or type(value) in (int, bool, float, str)
+
+
+class _Launches:
+    """Compiled kernels by launch signature, launched without Triton's per-call binding.
+
+    Triton's ``kernel[grid](...)`` binds and specialises every argument, builds the cache key and the launch
+    metadata at each call (21 us for the k = 1 walk's 38 arguments on an H200 host, against 9 us for the
+    compiled kernel's own launcher). The signature here holds everything Triton specialises on, and more:
+    each tensor's dtype and 16-byte alignment; each int's value class (1, a multiple of 16, 32-bit, 64-bit
+    signed or unsigned); None, floats and bools by type; the keyword arguments (constexprs and options) by
+    name and value; the CUDA device and Triton's debug and instrumentation settings. The first launch of a
+    signature goes through Triton (which compiles if it must) and keeps the compiled kernel Triton chose;
+    later launches call that kernel's launcher with the same arguments in the same order. Triton launches
+    the call itself when a launch hook or pre-run hook is set (profilers), for a grid given as a function,
+    an argument of another kind, a Triton release whose launch path was not checked (``SUPPORTED``), and
+    within :func:`via_triton`.
+    """
+
+    SUPPORTED = ((3, 4), (3, 9))
+    """The Triton releases (first, last) whose ``JITFunction.run`` launches as this class does."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[Any, ...]]] = {}
+        self.off: list[None] = []
+        release = tuple(int(part) for part in triton.__version__.split(".")[:2])
+        self.enabled = self.SUPPORTED[0] <= release <= self.SUPPORTED[1]
+        self.driver: Any = None
+
+    def launch(self, kernel: Any, grid: Any, args: tuple[Any, ...], meta: dict[str, Any]) -> None:
+        key = self.key(kernel, grid, args, meta) if self.enabled and not self.off else None
+        entry = self.kernels.get(key) if key is not None else None
+        if entry is None:
+            compiled = kernel[grid](*args, **meta)
+            if key is not None:
+                self.remember(key, kernel, compiled, len(args), meta)
+            elif self.driver is None and self.enabled and type(kernel) is triton.JITFunction:
+                self.first_launch()
+            return
+        launcher, function, packed, tail = entry
+        size, stream = len(grid), self.driver.get_current_stream(key[1])
+        launcher(
+            grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, function, packed, None,
+            None, None, *args, *tail,
+        )  # fmt: skip
+
+    def key(
+        self, kernel: Any, grid: Any, args: tuple[Any, ...], meta: dict[str, Any]
+    ) -> tuple[Any, ...] | None:
+        """The launch signature, or None where Triton must launch the call itself."""
+        if type(grid) is not tuple or type(kernel) is not triton.JITFunction or kernel.pre_run_hooks:
+            return None
+        runtime = triton.knobs.runtime
+        if not (_idle(runtime.launch_enter_hook) and _idle(runtime.launch_exit_hook)):
+            return None
+        if getattr(runtime, "add_stages_inspection_hook", None) is not None:
+            return None
+        kinds: list[Any] = []
+        add = kinds.append
+        for arg in args:
+            kind = type(arg)
+            if kind is Tensor or kind is torch.nn.Parameter:
+                add(arg.dtype)
+                add(arg.data_ptr() % 16 == 0)
+            elif kind is int:
+                add(1 if arg == 1 else (arg % 16 == 0, -(2**31) <= arg < 2**31, arg < 2**63))
+            elif arg is None or kind is float or kind is bool:
+                add(kind)
+            else:
+                return None
+        if self.driver is None:
+            return None  # no launch through Triton yet: its driver is not active
+        device = self.driver.get_current_device()
+        settings = (runtime.debug, getattr(triton.knobs.compilation, "instrumentation_mode", None))
+        return (kernel, device, len(grid), tuple(kinds), tuple(meta), tuple(meta.values()), settings)
+
+    def remember(
+        self, key: tuple[Any, ...], kernel: Any, compiled: Any, given: int, meta: dict[str, Any]
+    ) -> None:
+        """Keep ``compiled`` (what Triton launched) for ``key`` with the arguments after the ``given``
+        positional ones (constexprs and defaults, in the kernel's order)."""
+        if not all(_simple(value) for value in meta.values()):
+            return
+        if not all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
+            return
+        tail = []
+        for param in kernel.params[given:]:
+            if param.name in meta:
+                tail.append(meta[param.name])
+            elif param.has_default:
+                tail.append(param.default)
+            else:
+                return
+        self.kernels[key] = (compiled.run, compiled.function, compiled.packed_metadata, tuple(tail))
+
+    def first_launch(self) -> None:
+        """Take Triton's active driver (after a launch through Triton has made it active)."""
+        from triton.runtime import driver
+
+        self.driver = driver.active
+
+
+def _idle(hook: Any) -> bool:
+    """Whether a Triton launch hook does nothing: None, or an empty hook chain."""
+    return hook is None or getattr(hook, "calls", None) == []
+
+
+_LAUNCHES = _Launches()
+
+
+@contextlib.contextmanager
+def via_triton() -> Iterator[None]:
+    """Within the block every direct launch goes through Triton's own ``kernel[grid](...)`` (tests compare
+    the two launches' bits, benchmarks time them)."""
+    _LAUNCHES.off.append(None)
+    try:
+        yield
+    finally:
+        _LAUNCHES.off.pop()
 
 
 _PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def eager_fast_path(*tensors: Tensor) -> bool:
-    """Whether a call may run an op's bodies in a plain ``torch.autograd.Function``, skipping the
-    ``torch.library`` dispatch and its autograd wrapper (0.1-0.3 ms of host time per forward+backward on an
-    H200 host). Not while ``torch.compile`` traces, under a dispatch mode (fake tensors, ``make_fx``,
-    ``FlopCounterMode``), inside a functorch transform, or for tensor subclasses: those calls keep the op."""
-    if _set_wrap_enabled is None or torch.compiler.is_compiling():
+    """Whether a call may run an op's bodies eagerly, skipping the ``torch.library`` dispatch and its
+    autograd wrapper (0.1-0.3 ms of host time per forward+backward on an H200 host). Not while
+    ``torch.compile`` traces, under a dispatch mode (fake tensors, ``make_fx``, ``FlopCounterMode``), inside a
+    functorch transform, or for tensor subclasses: those calls keep the op."""
+    if torch.compiler.is_compiling():
         return False
     if torch._C._len_torch_dispatch_stack() > 0 or torch._C._are_functorch_transforms_active():
         return False
@@ -77,9 +204,22 @@ def eager_fast_path(*tensors: Tensor) -> bool:
 @contextlib.contextmanager
 def _eager_launches() -> Iterator[None]:
     """Within the block :func:`launch` calls kernels directly, as inside an eagerly run op body."""
-    assert _set_wrap_enabled is not None
-    with _set_wrap_enabled(False):
+    previous = getattr(_EAGER, "on", False)
+    _EAGER.on = True
+    try:
         yield
+    finally:
+        _EAGER.on = previous
+
+
+def _run_eagerly(body: Callable[..., Any], inputs: tuple[Any, ...]) -> Any:
+    """``body(*inputs)`` with direct launches (:func:`_eager_launches` without a generator's cost)."""
+    previous = getattr(_EAGER, "on", False)
+    _EAGER.on = True
+    try:
+        return body(*inputs)
+    finally:
+        _EAGER.on = previous
 
 
 def eager_path(
@@ -92,26 +232,27 @@ def eager_path(
     """``op`` (a ``triton_op`` of tensors with one output) with a cheaper eager path: where
     :func:`eager_fast_path` allows, the ``torch.autograd.Function`` ``name`` runs ``forward(*inputs)`` (the
     op's body), saves ``saved(inputs, output)`` and runs ``backward(*saved, grad)`` (its adjoint op's body);
+    a call that records no graph (grad mode off, or no input requiring grad) runs ``forward`` alone;
     elsewhere ``op`` itself. Same kernels, so the same bits and errors; no double backward (as the op)."""
 
     def run_forward(ctx: Any, *inputs: Tensor) -> Tensor:
-        with _eager_launches():
-            out = forward(*inputs)
+        out = _run_eagerly(forward, inputs)
         ctx.save_for_backward(*saved(inputs, out))
         return out
 
     @once_differentiable
     def run_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, ...]:
-        with _eager_launches():
-            return backward(*ctx.saved_tensors, grad)
+        return _run_eagerly(backward, (*ctx.saved_tensors, grad))
 
     methods = {"forward": staticmethod(run_forward), "backward": staticmethod(run_backward)}
     function: type[torch.autograd.Function] = type(name, (torch.autograd.Function,), methods)
 
     def call(*inputs: Tensor) -> Tensor:
-        if eager_fast_path(*inputs):
+        if not eager_fast_path(*inputs):
+            return op(*inputs)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             return function.apply(*inputs)
-        return op(*inputs)
+        return _run_eagerly(forward, inputs)
 
     return call
 

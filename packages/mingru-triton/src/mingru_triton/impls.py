@@ -23,7 +23,7 @@ from torch import Tensor
 from mingru.dispatch import ScanFallback
 from mingru.scans.angle import check_angle_inputs
 from mingru_triton import affine, angle, diag, gated, linear, log
-from mingru_triton._launch import FLOAT_DTYPES, num_sms, on_kernel_device
+from mingru_triton._launch import FLOAT_DTYPES, common_case, num_sms, on_kernel_device
 
 __all__ = ["GATED_IMPLS", "RECURRENCE_IMPLS", "SCAN_IMPLS", "angle_scan_impl"]
 
@@ -102,16 +102,29 @@ SCAN_IMPLS: dict[str, Callable[..., Any]] = {
 # -- the layers' path: initial state fused, only the states written ---------------------------------------
 
 
+def _plain_k1(first: Tensor, second: Tensor, h0: Tensor) -> bool:
+    """Whether (first, second, h0) are non-empty CUDA float tensors (B, T >= 1, D), (B, T, D), (B, D) of one
+    dtype and device: then the common envelope holds and the k = 1 kernel takes them (one cheap test on
+    the layers' hot path instead of the checks that name what is wrong)."""
+    return common_case(first, (second,), h0) and first.numel() > 0
+
+
 def _log_recurrence_impl(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
-    reason = _first(
-        _common_envelope("log", {"log_coeffs": log_coeffs, "log_b": log_b, "h0": h0}),
-        log.log_envelope(log_coeffs, log_b),
-    )
+    if _plain_k1(log_coeffs, log_b, h0):
+        reason = log.log_envelope(log_coeffs, log_b)
+    else:
+        reason = _first(
+            _common_envelope("log", {"log_coeffs": log_coeffs, "log_b": log_b, "h0": h0}),
+            log.log_envelope(log_coeffs, log_b),
+        )
     return _run("log", reason, lambda: log.recurrence(log_coeffs, log_b, h0))
 
 
 def _linear_recurrence_impl(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
-    reason = _first(_common_envelope("linear", {"a": a, "b": b, "h0": h0}), linear.linear_envelope(a, b))
+    if _plain_k1(a, b, h0):
+        reason = None
+    else:
+        reason = _first(_common_envelope("linear", {"a": a, "b": b, "h0": h0}), linear.linear_envelope(a, b))
     return _run("linear", reason, lambda: linear.recurrence(a, b, h0))
 
 
