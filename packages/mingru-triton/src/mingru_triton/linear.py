@@ -37,6 +37,7 @@ and forms da from the stored states of the forward: no division by ``a``, so ``a
 import contextlib
 import functools
 from collections.abc import Iterator, Sequence
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -1018,6 +1019,14 @@ def sparse_final_states(every: int) -> Iterator[None]:
         _SPARSE.pop()
 
 
+@functools.lru_cache(maxsize=1024)
+def _meta(names: tuple[str, ...], given: tuple[tuple[str, int], ...]) -> MappingProxyType[str, int]:
+    """The constexpr flags of a launch: each of ``names`` as an int, 0 where ``given`` leaves it out
+    (read-only, memoised: building it costs several microseconds of host time per launch)."""
+    flags = dict(given)
+    return MappingProxyType({name: int(flags.get(name, 0)) for name in names})
+
+
 def _run(
     plan: ScanPlan,
     ptrs: dict[str, Tensor],
@@ -1034,8 +1043,8 @@ def _run(
     than a tensor)."""
     names = ("coef", "u", "ux", "init", "hcarry", "xcarry", "hout", "xout", "pout", "prevh", "prevx",
              "prev0", "da", "dinit")  # fmt: skip
-    args = [ptrs.get(name) for name in names]
-    meta = {name: int(flags.get(name, 0)) for name in _FLAGS}
+    args = list(map(ptrs.get, names))
+    meta = _meta(_FLAGS, tuple(flags.items()))
     grid = (rows * nc * plan.num_jblocks,)
     launch(
         _scan_kernel, grid, *args, length, dj, v, chunk, nc, plan.num_jblocks, **meta,
@@ -1064,8 +1073,8 @@ def _run_pipelined(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Ten
     With BAIL returns the int32 flag (one element, 1 if set), else None."""
     coef = ptrs["coef"]
     rows, length, dj = coef.shape
-    args = [ptrs.get(name) for name in _PIPELINED_PTRS]
-    meta = {name: int(flags.get(name, 0)) for name in _PIPELINED_FLAGS}
+    args = list(map(ptrs.get, _PIPELINED_PTRS))
+    meta = _meta(_PIPELINED_FLAGS, tuple(flags.items()))
     flag = torch.zeros(1, dtype=torch.int32, device=coef.device) if meta["BAIL"] else None
     fixed = dj if plan.num_warps == 1 and type(dj) is int else 0  # not a SymInt
     launch(
@@ -1089,8 +1098,8 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tens
     flag_buf = torch.zeros(tiles + 2, dtype=torch.int32, device=coef.device)
     agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
     inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
-    args = [ptrs.get(name) for name in _LOOKBACK_PTRS]
-    meta = {name: int(flags.get(name, 0)) for name in _LOOKBACK_FLAGS}
+    args = list(map(ptrs.get, _LOOKBACK_PTRS))
+    meta = _meta(_LOOKBACK_FLAGS, tuple(flags.items()))
     launch(
         _lookback_kernel, (tiles,), *args, agg, inc, flag_buf, length, dj, plan.num_jblocks, chains,
         plan.num_chunks, **meta, FAST=fast_math(coef), SPARSE=_SPARSE[-1] if _SPARSE else 1,
