@@ -96,13 +96,14 @@ class _Launches:
 
     def launch(self, kernel: Any, grid: Any, args: tuple[Any, ...], meta: dict[str, Any]) -> None:
         key = self.key(kernel, grid, args, meta) if self.enabled and not self.off else None
-        entry = self.kernels.get(key) if key is not None else None
-        if entry is None:
-            compiled = kernel[grid](*args, **meta)
-            if key is not None:
-                self.remember(key, kernel, compiled, len(args), meta)
-            elif self.driver is None and self.enabled and type(kernel) is triton.JITFunction:
+        if key is None:
+            kernel[grid](*args, **meta)
+            if self.driver is None and self.enabled and type(kernel) is triton.JITFunction:
                 self.first_launch()
+            return
+        entry = self.kernels.get(key)
+        if entry is None:
+            self.remember(key, kernel, kernel[grid](*args, **meta), len(args), meta)
             return
         launcher, function, packed, tail = entry
         size, stream = len(grid), self.driver.get_current_stream(key[1])
