@@ -85,7 +85,8 @@ class _Launches:
     """
 
     SUPPORTED = ((3, 4), (3, 9))
-    """The Triton releases (first, last) whose ``JITFunction.run`` launches as this class does."""
+    """The Triton releases (first, last) launched from the cache: ``JITFunction.run`` of 3.4, 3.6 and 3.9
+    launches a compiled kernel as :meth:`launch` does (the releases between are taken to match)."""
 
     def __init__(self) -> None:
         self.kernels: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[Any, ...]]] = {}
