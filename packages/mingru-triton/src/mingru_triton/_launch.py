@@ -81,7 +81,8 @@ class _Launches:
     later launches call that kernel's launcher with the same arguments in the same order. Triton launches
     the call itself when a launch hook or pre-run hook is set (profilers), for a grid given as a function,
     an argument of another kind, a Triton release whose launch path was not checked (``SUPPORTED``), and
-    within :func:`via_triton`.
+    within :func:`via_triton`. Triton's check that the module globals a kernel reads have not changed since
+    it compiled runs at the first launch of each signature only (the kernels here read none that change).
     """
 
     SUPPORTED = ((3, 4), (3, 9))
