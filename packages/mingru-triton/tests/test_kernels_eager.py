@@ -226,8 +226,7 @@ class _SpyKernel:
 
 def test_launch_calls_the_kernel_directly_where_wrap_triton_only_passes_it_on() -> None:
     spy = _SpyKernel()
-    with _launch._eager_launches():
-        _launch.launch(spy, (3,), 7, FLAG=1)
+    _launch._run_eagerly(lambda: _launch.launch(spy, (3,), 7, FLAG=1), ())
     assert spy.calls == [((3,), (7,), {"FLAG": 1})]
 
 
@@ -393,8 +392,8 @@ def test_unused_pointers_are_passed_as_none(monkeypatch: pytest.MonkeyPatch) -> 
     spy = _SpyKernel()
     monkeypatch.setattr(linear, "_scan_kernel", spy)
     a, b, h0 = torch.rand(2, 37, 5), torch.rand(2, 37, 5), torch.rand(2, 5)
-    with _launch._eager_launches(), linear.force_strategy("sequential"):
-        _, h = linear.scan_forward(a, b, h0, 1, False)
+    with linear.force_strategy("sequential"):
+        _, h = _launch._run_eagerly(linear.scan_forward, (a, b, h0, 1, False))
     ((_, args, _),) = spy.calls
     names = ("coef", "u", "ux", "init", "hcarry", "xcarry", "hout", "xout", "pout", "prevh", "prevx",
              "prev0", "da", "dinit")  # fmt: skip

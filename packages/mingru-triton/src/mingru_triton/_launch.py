@@ -48,7 +48,7 @@ def _direct(args: Sequence[Any]) -> bool:
 Grid = tuple[int, ...] | Callable[..., tuple[int, ...]]
 
 _EAGER = threading.local()
-"""``on`` is True while this thread runs an op's body eagerly (:func:`_eager_launches`)."""
+"""``on`` is True while this thread runs an op's body eagerly (:func:`_run_eagerly`)."""
 
 
 def launch(kernel: Any, grid: Grid, *args: Any, **meta: Any) -> None:
@@ -56,10 +56,8 @@ def launch(kernel: Any, grid: Grid, *args: Any, **meta: Any) -> None:
     ``wrap_triton`` would pass the call on unchanged or for real CPU tensors under the Triton interpreter.
     A direct CUDA launch whose argument kinds Triton has compiled before skips Triton's own launch path
     (:class:`_Launches`)."""
-    if getattr(_EAGER, "on", False) or not _wrap_enabled():
-        _LAUNCHES.launch(kernel, grid, args, meta)
-    elif _direct(args):
-        kernel[grid](*args, **meta)
+    if getattr(_EAGER, "on", False) or not _wrap_enabled() or _direct(args):
+        _LAUNCHES.launch(kernel, grid, args, meta)  # interpreted kernels: Triton's own call
     else:
         wrap_triton(kernel)[grid](*args, **meta)
 
@@ -204,19 +202,9 @@ def eager_fast_path(*tensors: Tensor) -> bool:
     return all(type(t) in _PLAIN for t in tensors)
 
 
-@contextlib.contextmanager
-def _eager_launches() -> Iterator[None]:
-    """Within the block :func:`launch` calls kernels directly, as inside an eagerly run op body."""
-    previous = getattr(_EAGER, "on", False)
-    _EAGER.on = True
-    try:
-        yield
-    finally:
-        _EAGER.on = previous
-
-
 def _run_eagerly(body: Callable[..., Any], inputs: tuple[Any, ...]) -> Any:
-    """``body(*inputs)`` with direct launches (:func:`_eager_launches` without a generator's cost)."""
+    """``body(*inputs)`` with direct launches, as an op's body runs eagerly (:func:`launch` calls kernels
+    directly within it)."""
     previous = getattr(_EAGER, "on", False)
     _EAGER.on = True
     try:
