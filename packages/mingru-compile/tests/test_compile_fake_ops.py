@@ -127,8 +127,8 @@ def test_op_on_fake_cuda_tensors_beyond_memory() -> None:
 
 def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """At sizes where the k = 1 recurrence and its adjoint take the pipelined walk or the single-pass kernel
-    (status buffers allocated inside the op), and the log scans (both forms) and their adjoints the single
-    pass, the ops keep their contract on fake CUDA tensors and trace as one node."""
+    (status buffers allocated inside the op), the log scans (both forms) the split walk and their adjoints
+    the single pass, the ops keep their contract on fake CUDA tensors and trace as one node."""
     from mingru_triton import linear
 
     plans: list[str] = []
@@ -142,6 +142,7 @@ def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(linear, "_run_lookback", spy(linear._run_lookback))
     monkeypatch.setattr(linear, "_run_pipelined", spy(linear._run_pipelined))
+    monkeypatch.setattr(linear, "_run_split", spy(linear._run_split))
     mode = FakeTensorMode()
     with mode:
         a = torch.empty(8, 4096, 1024, device="cuda")
@@ -158,7 +159,7 @@ def test_single_pass_recurrence_on_fake_cuda(monkeypatch: pytest.MonkeyPatch) ->
         log_values = torch.empty(8, 4097, 1024, device="cuda")  # log h0 in slot 0
         h_values = _op("parallel_scan_log_fwd")(a, log_values)
         d_values = _op("parallel_scan_log_bwd")(a, log_values, h_values, h_values)
-    assert plans == ["pipelined"] * 2 + ["lookback"] * 6
+    assert plans == ["pipelined"] * 2 + ["lookback"] * 3 + ["split"] * 2 + ["lookback"]
     assert h_values.shape == d_values[0].shape == (8, 4096, 1024) and d_values[1].shape == (8, 4097, 1024)
     assert h.shape == da.shape == db.shape == d_lc.shape == d_lb.shape == (8, 4096, 1024)
     assert [g.shape for g in grads_few] == [few.shape, few.shape, (4, 1024)] and h_few.shape == few.shape

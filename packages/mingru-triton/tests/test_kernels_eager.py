@@ -365,8 +365,9 @@ def test_common_case_holds_only_for_matching_plain_tensors() -> None:
 def test_linear_plans_are_memoised_with_the_forced_strategy_in_the_key(itemsize: int) -> None:
     sizes = [(8, 1024, 1024, 1), (1, 65536, 256, 1), (8, 4096, 1024, 1), (2, 600, 12, 4), (3, 37, 5, 1)]
     for rows, length, dj, v in sizes:
-        for single, pipelined, backward in ((False, False, False), (True, False, False), (True, True, True)):
-            args = (rows, length, dj, v, itemsize, 132, 256, single, pipelined, backward)
+        flag_sets = ((False, False, False, False), (True, False, False, False), (True, True, True, False))
+        for single, pipelined, backward, split in (*flag_sets, (True, False, False, True)):
+            args = (rows, length, dj, v, itemsize, 132, 256, single, pipelined, backward, split)
             assert linear.scan_plan(*args) == linear._make_plan(*args, None)
             with linear.force_strategy("chunked", chunk=64):
                 forced = linear.scan_plan(*args)

@@ -16,7 +16,9 @@ from mingru.scans.linear import linear_scan_bwd_ref, linear_scan_ref
 linear = pytest.importorskip("mingru_triton.linear")
 
 
-STRATEGIES = linear.STRATEGIES
+STRATEGIES = tuple(name for name in linear.STRATEGIES if name != "split")
+"""Forced over the k = 1 ops; "split" serves only the log scan's forwards (their tests: test_kernels_log.py,
+the plain k = 1 forward of the split walk: :func:`test_split_walk_matches_reference`)."""
 
 
 @contextlib.contextmanager
@@ -441,6 +443,59 @@ def test_pipelined_heuristic() -> None:
     )
 
 
+def test_split_plan() -> None:
+    """The split walk (asked for by the log scan's forwards) where the pipelined walk would run: float32
+    eight warps of 16 steps, 3 stages; 2-byte types four warps of 16 steps, 4 stages; 64 channels, two per
+    thread. Not for the adjoint, few chains or short T; a forced tile length sets the steps per warp."""
+
+    def split(rows: int, length: int, dj: int, itemsize: int, max_block_t: int = 256, **kw: bool) -> tuple:
+        plan = linear.scan_plan(
+            rows, length, dj, 1, itemsize, max_block_t=max_block_t, single_pass=True, split=True, **kw
+        )
+        if plan.strategy != "split":
+            return (plan.strategy,)
+        assert (plan.num_chunks, plan.chunk, plan.num_jblocks) == (1, length, -(-dj // plan.block_j))
+        return plan.strategy, plan.block_j, plan.block_t, plan.num_warps, plan.num_stages, plan.columns
+
+    assert split(8, 4096, 1024, 4) == ("split", 64, 128, 8, 3, 2)
+    assert split(8, 4096, 1024, 2) == ("split", 64, 64, 4, 4, 2)
+    assert split(8, 4096, 1024, 4, max_block_t=64) == ("split", 64, 64, 8, 3, 2)  # off CUDA: 8 steps each
+    assert split(128, 4096, 16, 4)[1] == 16
+    assert split(4, 4096, 1024, 4) == ("lookback",)  # 64 chains
+    assert split(8, 1023, 1024, 4) == ("sequential",)  # short T
+    assert split(8, 4096, 1024, 4, backward=True) == ("lookback",)
+    assert split(8, 4096, 1024, 8) == ("lookback",)  # float64: not timed
+    with linear.force_strategy("split", None, 4):
+        assert split(1, 8, 3, 4) == ("split", 4, 4, 4, 3, 2)  # four warps of one step
+        assert split(1, 8, 3, 8)[:3] == ("split", 4, 4)
+        assert linear.scan_plan(1, 8, 3, 1, 4, single_pass=True).strategy != "split"  # not asked for
+    with linear.force_strategy("split"):
+        assert split(8, 4096, 1024, 4, backward=True) == ("lookback",)  # the heuristic's plan
+
+
+def _split_forward(a: Tensor, b: Tensor, h0: Tensor, block_t: int | None) -> Tensor:
+    """The split walk's plain k = 1 forward (no exps), forced, with the heuristic's tile or ``block_t``."""
+    with linear.force_strategy("split", None, block_t):
+        plan = linear._plan_for(a, 1, single_pass=True, split=True)
+    assert plan.strategy == "split"
+    h = torch.empty_like(b)
+    assert linear._run_split(plan, {"coef": a, "u": b, "init": h0, "hout": h}, HAS_INIT=1) is None
+    return h
+
+
+@pytest.mark.parametrize("block_t", [None, 8], ids=["tile", "t8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@marked(on_interpreter)
+def test_split_walk_matches_reference(dtype: torch.dtype, block_t: int | None) -> None:
+    """The split walk without exps against the float64 recurrence: 70 steps (two tiles of 64 or nine of
+    8, the last partial), 70 channels (a second, mostly masked 64-channel block), T = 1."""
+    for shape in ((2, 70, 70), (3, 1, 5)):
+        a, b = _inputs(shape, dtype, seed=2)
+        h0 = torch.randn(shape[0], shape[2], dtype=torch.float64).to(a.device, dtype)
+        h = _split_forward(a, b, h0, block_t)
+        assert_close(h, linear_recurrence(a.double(), b.double(), h0.double()), dtype, shape[1], f"{shape}")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # CUDA (real sizes)
 # ---------------------------------------------------------------------------------------------------------
@@ -464,6 +519,21 @@ tiles), the others the single pass or the sequential and chunked plans."""
 def test_cuda_scan_matches_reference(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
     _check_scan(shape, dtype)
     _check_recurrence(shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@marked(on_cuda)
+def test_cuda_split_walk_matches_reference(dtype: torch.dtype) -> None:
+    """The split walk's plain k = 1 forward on its own tiles: (8, 4097, 1030) (136 chains of 64 channels,
+    the last mostly masked, a last tile of one step) and a forced short tile; same bits over repeated
+    calls."""
+    a, b = _inputs((8, 4097, 1030), dtype, seed=3)
+    h0 = torch.randn(8, 1030, dtype=torch.float64).to(a.device, dtype)
+    ref = linear_recurrence(a.double(), b.double(), h0.double())
+    for block_t in (None, 16):
+        h = _split_forward(a, b, h0, block_t)
+        assert_close(h, ref, dtype, 4097, f"block_t {block_t}")
+        assert torch.equal(h, _split_forward(a, b, h0, block_t))
 
 
 @pytest.mark.parametrize("name", STRATEGIES)

@@ -249,7 +249,8 @@ class TestInterpreter:
         torch.testing.assert_close(d_h0, h0_ref.grad, rtol=1e-10, atol=1e-10)
 
     @pytest.mark.parametrize(
-        ("strategy", "block_t"), [("lookback", None), ("pipelined", None), ("pipelined", 4)]
+        ("strategy", "block_t"),
+        [("lookback", None), ("pipelined", None), ("pipelined", 4), ("split", None), ("split", 8)],
     )
     def test_recurrence_runs_k1_kernel(
         self, strategy: str, block_t: int | None, monkeypatch: pytest.MonkeyPatch
@@ -257,9 +258,11 @@ class TestInterpreter:
         """Under force_strategy("lookback") or ("pipelined") log_recurrence_fwd, parallel_scan_log_fwd (log h0
         in slot 0 of its values: H0_SLOT) and their adjoints run that k = 1 kernel with exp(lc) as the
         coefficient, -inf inputs included (a log h0 of -inf among them); block_t = 4 gives the walk 18 tiles
-        per row."""
+        per row. Under "split" the two forwards run the split walk (off CUDA its tile is eight warps of 8
+        steps, two tiles per row; block_t = 8 gives eight warps of one step, 9 tiles per row, the last
+        partial) and the adjoints keep their own plan."""
         flags: list[dict[str, int]] = []
-        runner = "_run_pipelined" if strategy == "pipelined" else "_run_lookback"
+        runner = {"pipelined": "_run_pipelined", "split": "_run_split"}.get(strategy, "_run_lookback")
         original = getattr(linear, runner)
 
         def spy(plan: linear.ScanPlan, ptrs: dict[str, Tensor], **kw: int) -> Tensor | None:
@@ -278,7 +281,10 @@ class TestInterpreter:
             check_recurrence(log_coeffs, log_values[:, 1:], h0, f"{strategy} adjoint")
             check_log_scan(log_coeffs, log_values, f"{strategy}, log h0")
         seen = [(f.get("EXP_U", 0), f.get("LOG_GRADS", 0), f.get("H0_SLOT", 0)) for f in flags]
-        assert seen == [(1, 0, 0), (0, 1, 0), (1, 0, 1), (0, 1, 1)]
+        if strategy == "split":
+            assert seen == [(1, 0, 0), (1, 0, 1)]
+        else:
+            assert seen == [(1, 0, 0), (0, 1, 0), (1, 0, 1), (0, 1, 1)]
 
     def test_lookback_replay_is_bitwise(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A look-back of the single pass that replays summaries gives the log recurrence and its adjoint
@@ -316,7 +322,7 @@ class TestInterpreter:
         for x, y in zip(*runs, strict=True):
             assert torch.equal(x, y)
 
-    @pytest.mark.parametrize("strategy", ["lookback", "pipelined"])
+    @pytest.mark.parametrize("strategy", ["lookback", "pipelined", "split"])
     def test_recurrence_forward_single_pass_falls_back(
         self, strategy: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -325,7 +331,7 @@ class TestInterpreter:
         redoes the scan (same bits as the log kernel alone). Under force_log_space the k = 1 kernel does
         not run."""
         gates: list[Tensor] = []
-        runner = "_run_pipelined" if strategy == "pipelined" else "_run_lookback"
+        runner = {"pipelined": "_run_pipelined", "split": "_run_split"}.get(strategy, "_run_lookback")
         original = getattr(linear, runner)
 
         def spy(plan: linear.ScanPlan, ptrs: dict[str, Tensor], **kw: int) -> Tensor:
@@ -404,10 +410,14 @@ def test_strategy_heuristic(shape: tuple[int, int, int], expected: str) -> None:
 
 def test_single_pass_adjoint_heuristic() -> None:
     """The adjoint of log_recurrence_fwd takes the k = 1 single-pass plan where that heuristic does
-    (T >= 1024), and so does the forward from T = LOOKBACK_FORWARD_MIN_LENGTH (2048)."""
+    (T >= 1024), and so does the forward from T = LOOKBACK_FORWARD_MIN_LENGTH (2048), or the split walk
+    where the pipelined walk would run (128 chains of 64 channels)."""
     big = torch.empty((8, 16384, 1024), device="meta")
-    plan = log_kernels._single_pass_plan(big)
+    plan = log_kernels._single_pass_plan(big, backward=True)
     assert plan is not None and (plan.strategy, plan.block_j, plan.block_t) == ("lookback", 128, 16)
+    plan = log_kernels._single_pass_plan(big)  # off CUDA 64-step tiles: eight warps of 8 steps
+    assert plan is not None
+    assert (plan.strategy, plan.block_j, plan.block_t, plan.num_warps) == ("split", 64, 64, 8)
     forward = log_kernels.LOOKBACK_FORWARD_MIN_LENGTH
     short = torch.empty((8, 1024, 1024), device="meta")
     assert log_kernels._single_pass_plan(short) is not None

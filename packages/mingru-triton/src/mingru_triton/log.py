@@ -19,9 +19,11 @@ Two strategies, picked by :func:`_plan` from the shapes: "sequential" (one progr
 block) walks T in tiles, carrying the last state) and "chunked" (T split into chunks: one launch writes
 per-chunk summaries, a second replays each chunk from the carry it composes from the summaries before it).
 Both ops and their adjoints are also k = 1 recurrences with coefficients exp(lc) (initial state h0, or
-exp(log_values[:, 0])): where the k = 1 heuristic picks its single-pass kernel
-(:func:`mingru_triton.linear.scan_plan`), that kernel runs them, reading the log inputs directly; under
-``force_strategy("pipelined")`` the k = 1 pipelined walk does (slower here: see :func:`_single_pass_plan`).
+exp(log_values[:, 0])): where the k = 1 heuristic picks its single-pass kernel or its pipelined walk
+(:func:`mingru_triton.linear.scan_plan`), a k = 1 kernel runs them, reading the log inputs directly: the
+forwards the split walk where the pipelined walk would run (enough chains), else the single pass; the
+adjoints the single pass; under ``force_strategy("pipelined")`` the one-warp pipelined walk (slower here:
+see :func:`_single_pass_plan`).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ __all__ = [
     "recurrence",
 ]
 
-STRATEGIES = ("sequential", "chunked", "lookback", "pipelined")
+STRATEGIES = ("sequential", "chunked", "lookback", "pipelined", "split")
 _MAX_GRID = 2**31 - 1
 _MAX_STEPS = 2**31 - 1
 _MAX_CHUNKS = 256
@@ -364,7 +366,8 @@ def force_strategy(name: str) -> Iterator[None]:
     """Within the block, every log-scan launch uses strategy ``name`` ("sequential" or "chunked"); with
     "lookback" (the k = 1 single-pass kernel) or "pipelined" (the k = 1 pipelined walk)
     :func:`log_recurrence_fwd`, :func:`parallel_scan_log_fwd` and their adjoints run that kernel whatever
-    the shape, and the other launches keep their own plan."""
+    the shape, and the other launches keep their own plan; with "split" (the k = 1 walk with a tile's steps
+    split over warps) the two forwards run it and the adjoints keep the k = 1 heuristic's plan."""
     if name not in STRATEGIES:
         raise ValueError(f"name must be one of {STRATEGIES}, got {name!r}")
     _forced.append(name)
@@ -555,8 +558,9 @@ def _scan_fwd(
 
 
 LOOKBACK_FORWARD_MIN_LENGTH = 2048
-"""Shortest T for which :func:`log_recurrence_fwd` and :func:`parallel_scan_log_fwd` run the single pass
-(where the k = 1 heuristic picks it; their adjoints follow the k = 1 heuristic alone). The single pass costs
+"""Shortest T for which :func:`log_recurrence_fwd` and :func:`parallel_scan_log_fwd` run a k = 1 kernel
+(the split walk or the single pass, see :func:`_single_pass_plan`; their adjoints follow the k = 1
+heuristic alone). Measured for the single pass, which costs
 more host time than the log kernel (a zeroed status buffer, and the gated fallback launch after it: a
 forward+backward at 8 x 4096 x 1024 took 548 against 481 us of wall time on an H200 host, pinned, where it is
 bound by the host), so it starts where its GPU-time saving per forward reaches tens of microseconds and grows
@@ -577,25 +581,28 @@ adjoint of :func:`parallel_scan_log_fwd`: d log h0 into slot 0 of d log_values).
 
 
 def _single_pass_plan(lc: Tensor, min_length: int = 0, backward: bool = False) -> linear.ScanPlan | None:
-    """The plan of the k = 1 single-pass kernel (or, under ``force_strategy("pipelined")``, the pipelined
-    walk) for :func:`log_recurrence_fwd`, :func:`parallel_scan_log_fwd` or their adjoints (``backward``;
-    linear-space recurrences with coefficients exp(lc)), or None where the log kernel's own plan runs: the
-    k = 1 heuristic (:func:`mingru_triton.linear.scan_plan`) for T >= ``min_length``, overridden by
-    :func:`force_strategy`.
+    """The plan of a k = 1 kernel for :func:`log_recurrence_fwd`, :func:`parallel_scan_log_fwd` or their
+    adjoints (``backward``; linear-space recurrences with coefficients exp(lc)), or None where the log
+    kernel's own plan runs: the k = 1 heuristic (:func:`mingru_triton.linear.scan_plan`) for T >=
+    ``min_length``, overridden by :func:`force_strategy`. The forwards take the split walk where the k = 1
+    heuristic would take its pipelined walk (enough chains), else the single pass where it picks that; the
+    adjoints the single pass where it picks that.
 
-    The heuristic never picks the walk here. H200, GPU time (CUDA graph replay) at (8, 16384, 1024), ms,
-    forward / adjoint: float32 0.836 / 1.023 on the walk's best tiles of a sweep against 0.535 / 1.008 on
-    the single pass; bfloat16 0.652 / 0.702 against 0.404 / 0.646. With the k = 1 forward's one-warp tile
-    the walk's forward took 1.48 ms (float32): one warp per SM does not issue two exps per element fast
-    enough, and tiles with four warps along time pay for a scan across warps."""
+    The heuristic never picks the one-warp pipelined walk here. H200, GPU time (CUDA graph replay) at
+    (8, 16384, 1024), ms, forward / adjoint: float32 0.836 / 1.023 on the walk's best tiles of a sweep
+    against 0.535 / 1.008 on the single pass; bfloat16 0.652 / 0.702 against 0.404 / 0.646. With the k = 1
+    forward's one-warp tile the walk's forward took 1.48 ms (float32): one warp per SM does not issue two
+    exps per element fast enough. The split walk spreads them over four or eight warps per SM: forward
+    float32 0.445, bfloat16 0.240 ms (:func:`mingru_triton.linear._split_tile`)."""
     forced = _forced[-1] if _forced else None
     if forced in ("sequential", "chunked") or (forced is None and lc.shape[1] < min_length):
         return None
     inner = linear._FORCED[-1][0] if linear._FORCED else None  # a k = 1 forcing of the same name stays
-    walk = forced == "pipelined"  # the walk only when forced: slower than the single pass for the log scan
+    walk = forced == "pipelined"  # the one-warp walk only when forced: slower than the single pass here
+    split = not backward and forced in (None, "split")
     with linear.force_strategy(forced) if forced not in (None, inner) else contextlib.nullcontext():
-        plan = linear._plan_for(lc, 1, single_pass=True, pipelined=walk, backward=backward)
-    return plan if plan.strategy in ("lookback", "pipelined") else None
+        plan = linear._plan_for(lc, 1, single_pass=True, pipelined=walk, backward=backward, split=split)
+    return plan if plan.strategy in ("lookback", "pipelined", "split") else None
 
 
 def _run_single_pass(plan: linear.ScanPlan, ptrs: dict[str, Tensor], flags: dict[str, int]) -> Tensor | None:
@@ -603,6 +610,8 @@ def _run_single_pass(plan: linear.ScanPlan, ptrs: dict[str, Tensor], flags: dict
     element is 1 if set) when ``flags`` asks for BAIL."""
     if plan.strategy == "pipelined":
         return linear._run_pipelined(plan, ptrs, **flags)
+    if plan.strategy == "split":
+        return linear._run_split(plan, ptrs, **flags)
     return linear._run_lookback(plan, ptrs, **flags)
 
 
