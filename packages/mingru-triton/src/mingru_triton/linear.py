@@ -760,8 +760,8 @@ def _split_walk_tile(
     valid = (s0 + steps < L) if TAIL else (steps >= 0)
     m3 = valid[:, :, None] & mask_j[None, None, :]
     base = base0 + s0 * dj
-    # Past L or D: a = exp(-inf) = 0 and u = 0 (or 0 as given); those outputs are not stored and the carry
-    # after the last tile is not used.
+    # Past L or D the loads give -inf where an exp follows, else 0: a = 0 and u = 0 there; those outputs are
+    # not stored and the carry after the last tile is not used.
     a = tl.load(coef_ptr + base + inside, mask=m3, other=float("-inf") if EXP_COEF else 0.0)
     a = _wide(a, FAST, FP64)
     u = tl.load(u_ptr + ubase0 + s0 * dj + inside, mask=m3, other=float("-inf") if EXP_U else 0.0)
@@ -1098,10 +1098,12 @@ def _pipelined_tile(
 def _split_tile(dj: int, itemsize: int) -> tuple[int, int, int, int]:
     """(BLOCK_J, BLOCK_T, warps, stages) of the split walk: 64 channels, two per thread; float32 eight warps
     of 16 steps (128-step tiles), 3 stages; 2-byte types four warps of 16 steps, 4 stages. H200, GPU time
-    of the log forward (exp on load) at (8, 16384, 1024) against the single pass: float32 0.445 against
-    0.505 ms (four warps of 32 steps 0.449, of 16 steps 0.457), bfloat16 0.240 against 0.392 ms (3 stages
-    0.253, eight warps 0.271); on the plain k = 1 forward it is slower than the one-warp walk (float32 0.425
-    against 0.384 ms, bfloat16 0.231 against 0.228), which keeps that."""
+    of the log forward (exp on load) at (8, 16384, 1024) against the single pass, in a probe of this kernel
+    without the flag: float32 0.445 against 0.505 ms (four warps of 32 steps 0.449, of 16 steps 0.457),
+    bfloat16 0.240 against 0.392 ms (3 stages 0.253, eight warps 0.271); the library's kernel: float32 0.478
+    against 0.504 ms, bfloat16 1.02 against 1.53 ms at (8, 65536, 1024). On the plain k = 1 forward it is
+    slower than the one-warp walk (float32 0.425 against 0.384 ms, bfloat16 0.231 against 0.228), which
+    keeps that."""
     block_j = min(64, next_pow2(max(dj, 1)))
     if itemsize <= 2:
         return block_j, 64, 4, 4
