@@ -767,7 +767,7 @@ def _split_walk_tile(
     u = tl.load(u_ptr + ubase0 + s0 * dj + inside, mask=m3, other=float("-inf") if EXP_U else 0.0)
     u = _wide(u, FAST, FP64)
     if BAIL:
-        worst = tl.maximum(worst, tl.max(tl.max(a, axis=1), axis=0))
+        worst = tl.maximum(worst, tl.max(a, axis=1))  # per warp: no exchange across warps per tile
     if EXP_COEF:
         a = fast_exp(a, FAST)
     if EXP_U:
@@ -816,7 +816,8 @@ def _split_walk_kernel(
     thread): four or eight warps per SM share a chain's work, so the exps of the log scan (EXP_COEF: a =
     exp(coef), EXP_U: u = exp(u)) are issued from every scheduler of the SM instead of one. The warps'
     end maps are composed across warps once per tile. HAS_INIT, BAIL and H0_SLOT as in
-    :func:`_pipelined_kernel`; forward in time, no running product, no adjoint. Inputs contiguous (R, L, DJ).
+    :func:`_pipelined_kernel`, BAIL's largest log coefficient kept per warp and reduced across warps once
+    at the end; forward in time, no running product, no adjoint. Inputs contiguous (R, L, DJ).
     """
     dj = FIXED_DJ if FIXED_DJ > 0 else DJ
     pid = tl.program_id(0).to(tl.int64)
@@ -840,7 +841,7 @@ def _split_walk_kernel(
     carry = _acc(tl.zeros((BLOCK_J,), tl.float32), FP64)
     if HAS_INIT:
         carry = _first_state(init_ptr, u_ptr, r, L, dj, offs_j, mask_j, H0_SLOT, FP64)
-    worst = _acc(tl.full((BLOCK_J,), float("-inf"), tl.float32), FP64)  # BAIL: largest log coefficient
+    worst = _acc(tl.full((WARPS, BLOCK_J), float("-inf"), tl.float32), FP64)  # BAIL: largest log coefficient
     tile = WARPS * SUB
     full = L // tile * tile
     for s0 in tl.range(0, full, tile, num_stages=STAGES):
@@ -854,7 +855,7 @@ def _split_walk_kernel(
             first_w, last_w, carry, worst, EXP_COEF, EXP_U, FAST, BAIL, FP64, 1,
         )  # fmt: skip
     if BAIL:  # noqa: SIM102 (a constexpr test around a runtime one)
-        if tl.max(worst, axis=0) > 0.0:
+        if tl.max(tl.max(worst, axis=1), axis=0) > 0.0:
             tl.atomic_xchg(flag_ptr, 1)
 
 
@@ -1100,8 +1101,9 @@ def _split_tile(dj: int, itemsize: int) -> tuple[int, int, int, int]:
     of 16 steps (128-step tiles), 3 stages; 2-byte types four warps of 16 steps, 4 stages. H200, GPU time
     of the log forward (exp on load) at (8, 16384, 1024) against the single pass, in a probe of this kernel
     without the flag: float32 0.445 against 0.505 ms (four warps of 32 steps 0.449, of 16 steps 0.457),
-    bfloat16 0.240 against 0.392 ms (3 stages 0.253, eight warps 0.271); the library's kernel: float32 0.478
-    against 0.504 ms, bfloat16 1.02 against 1.53 ms at (8, 65536, 1024). On the plain k = 1 forward it is
+    bfloat16 0.240 against 0.392 ms (3 stages 0.253, eight warps 0.271); the library's kernel: float32 0.459
+    against 0.506 ms (0.478 with the flag's maximum reduced across warps on every tile), bfloat16 1.01
+    against 1.56 ms at (8, 65536, 1024). On the plain k = 1 forward it is
     slower than the one-warp walk (float32 0.425 against 0.384 ms, bfloat16 0.231 against 0.228), which
     keeps that."""
     block_j = min(64, next_pow2(max(dj, 1)))
