@@ -86,18 +86,21 @@ def median_ms(fn: Callable[[], Any], *, cuda: bool, warmup: int, rep: int, tries
     return statistics.median(times)
 
 
-def _storages(out: Any) -> int:
-    """Bytes of the distinct storages of the tensors in ``out`` (a tensor, or a tuple or list of them)."""
+def _storages(out: Any, existing: Sequence[Any] = ()) -> int:
+    """Bytes of the distinct storages of the tensors in ``out`` (a tensor, or a tuple or list of them), less
+    those shared with a tensor of ``existing`` (a gradient returned as the output gradient itself, say)."""
     items = out if isinstance(out, (tuple, list)) else (out,)
+    old = {t.untyped_storage().data_ptr() for t in existing if isinstance(t, Tensor)}
     storages = [t.untyped_storage() for t in items if isinstance(t, Tensor)]
-    return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
+    return sum(n for ptr, n in {s.data_ptr(): s.nbytes() for s in storages}.items() if ptr not in old)
 
 
-def call_memory(fn: Callable[[], Any], *, cuda: bool) -> tuple[int, int] | None:
+def call_memory(fn: Callable[[], Any], *, cuda: bool, existing: Sequence[Any] = ()) -> tuple[int, int] | None:
     """(peak, released) of one call of ``fn`` (None off CUDA): ``peak`` the most bytes allocated during it
-    beyond what was allocated before it; ``released`` how many bytes of what ``fn`` returns are missing from
-    what is allocated after it: memory allocated before the call and freed during it, which ``peak`` does
-    not see (0 for a sound reading). Automatic garbage collection is off during the call."""
+    beyond what was allocated before it; ``released`` how many bytes of what ``fn`` returns (less what it
+    shares with the tensors of ``existing``, allocated before the call) are missing from what is allocated
+    after it: memory allocated before the call and freed during it, which ``peak`` does not see (0 for a
+    sound reading). Automatic garbage collection is off during the call."""
     if not cuda:
         return None
     gc.collect()
@@ -112,7 +115,7 @@ def call_memory(fn: Callable[[], Any], *, cuda: bool) -> tuple[int, int] | None:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
         held = torch.cuda.memory_allocated() - before
-        returned = _storages(out)
+        returned = _storages(out, existing)
     finally:
         if enabled:
             gc.enable()
@@ -254,8 +257,8 @@ class Runner:
         self.sync()
         return out, time.perf_counter() - start
 
-    def call_memory(self, fn: Callable[[], Any]) -> tuple[int, int] | None:
-        return call_memory(fn, cuda=self.cuda)
+    def call_memory(self, fn: Callable[[], Any], existing: Sequence[Any] = ()) -> tuple[int, int] | None:
+        return call_memory(fn, cuda=self.cuda, existing=existing)
 
     # ------------------------------------------------------------------------------------- callables
 
@@ -421,6 +424,7 @@ class Runner:
                     return call(*native)
 
             base = _nbytes(native) + _nbytes(params)
+            existing = [*native, *params]
         else:
             native = [x.detach().requires_grad_() if i in gidx else x for i, x in enumerate(native)]
             wrt = [native[i] for i in gidx] + params
@@ -438,6 +442,7 @@ class Runner:
                     return torch.autograd.grad(outs, wrt, gouts, retain_graph=True)
 
             base = _nbytes(native) + _nbytes(params) + _nbytes(gouts)
+            existing = [*native, *params, *gouts]
         start = time.perf_counter()
         first, first_s = self.one_call(fn)
         if impl.compiled:
@@ -461,7 +466,7 @@ class Runner:
                 row["gpu_ms"] = gpu_ms
             elif why:
                 row["note"] = "; ".join([*notes, why])
-        memory = self.call_memory(fn)
+        memory = self.call_memory(fn, existing)
         row["ms"] = ms
         if memory is not None and memory[1] > 0:
             # the peak would miss what was freed: no figure, and the reason
