@@ -41,7 +41,7 @@ import contextlib
 import functools
 from collections.abc import Iterator, Sequence
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -1243,21 +1243,42 @@ _PIPELINED_PTRS = ("coef", "u", "ux", "init", "hout", "xout", "prevh", "prevx", 
 _PIPELINED_FLAGS = (*_LOOKBACK_FLAGS, "WRITE_X", "HAS_UX", "PREV_X")
 
 
-def _run_pipelined(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor | None:
-    """One launch of :func:`_pipelined_kernel` (one program per chain), called like :func:`_run_lookback`.
-    With BAIL returns the int32 flag (one element, 1 if set), else None."""
+def _run_walk(
+    kernel: Any,
+    names: tuple[str, ...],
+    flag_names: tuple[str, ...],
+    plan: ScanPlan,
+    ptrs: dict[str, Tensor],
+    flags: dict[str, int],
+    fix_dj: bool,
+    **tile: int,
+) -> Tensor | None:
+    """One launch of a walk kernel (one program per chain: :func:`_pipelined_kernel`,
+    :func:`_split_walk_kernel`) with the pointers ``names`` (None where ``ptrs`` has none), the flags
+    ``flag_names`` (0 where ``flags`` has none), DJ as a constant where ``fix_dj`` and the tile's own
+    constants ``tile``. With BAIL returns the int32 flag (one element, 1 if set), else None."""
     coef = ptrs["coef"]
     rows, length, dj = coef.shape
-    args = list(map(ptrs.get, _PIPELINED_PTRS))
-    meta = _meta(_PIPELINED_FLAGS, tuple(flags.items()))
+    args = list(map(ptrs.get, names))
+    meta = _meta(flag_names, tuple(flags.items()))
     flag = torch.zeros(1, dtype=torch.int32, device=coef.device) if meta["BAIL"] else None
-    fixed = dj if plan.num_warps == 1 and type(dj) is int else 0  # not a SymInt
+    fixed = dj if fix_dj and type(dj) is int else 0  # not a SymInt
     launch(
-        _pipelined_kernel, (rows * plan.num_jblocks,), *args, flag, length, dj, plan.num_jblocks, **meta,
+        kernel, (rows * plan.num_jblocks,), *args, flag, length, dj, plan.num_jblocks, **meta,
         FAST=fast_math(coef), FIXED_DJ=fixed, STAGES=plan.num_stages, COLUMNS=plan.columns,
-        BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef), num_warps=plan.num_warps,
+        BLOCK_J=plan.block_j, FP64=is_fp64(coef), num_warps=plan.num_warps, **tile,
     )  # fmt: skip
     return flag
+
+
+def _run_pipelined(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor | None:
+    """One launch of :func:`_pipelined_kernel` (one program per chain), called like :func:`_run_lookback`.
+    With BAIL returns the int32 flag (one element, 1 if set), else None. DJ is a constant for one-warp
+    tiles."""
+    return _run_walk(
+        _pipelined_kernel, _PIPELINED_PTRS, _PIPELINED_FLAGS, plan, ptrs, flags, plan.num_warps == 1,
+        BLOCK_T=plan.block_t,
+    )  # fmt: skip
 
 
 _SPLIT_PTRS = ("coef", "u", "init", "hout")
@@ -1267,19 +1288,11 @@ _SPLIT_FLAGS = ("HAS_INIT", "EXP_COEF", "EXP_U", "BAIL", "H0_SLOT")
 def _run_split(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor | None:
     """One launch of :func:`_split_walk_kernel` (one program per chain), called like :func:`_run_pipelined`
     with the flags it takes (others ignored). With BAIL returns the int32 flag (one element, 1 if set)."""
-    coef = ptrs["coef"]
-    rows, length, dj = coef.shape
-    args = list(map(ptrs.get, _SPLIT_PTRS))
-    meta = _meta(_SPLIT_FLAGS, tuple(flags.items()))
-    flag = torch.zeros(1, dtype=torch.int32, device=coef.device) if meta["BAIL"] else None
-    fixed = dj if type(dj) is int else 0  # not a SymInt
-    launch(
-        _split_walk_kernel, (rows * plan.num_jblocks,), *args, flag, length, dj, plan.num_jblocks, **meta,
-        FAST=fast_math(coef), FIXED_DJ=fixed, STAGES=plan.num_stages, COLUMNS=plan.columns,
-        WARPS=plan.num_warps, SUB=plan.block_t // plan.num_warps, BLOCK_J=plan.block_j, FP64=is_fp64(coef),
-        num_warps=plan.num_warps,
+    warps = plan.num_warps
+    return _run_walk(
+        _split_walk_kernel, _SPLIT_PTRS, _SPLIT_FLAGS, plan, ptrs, flags, True, WARPS=warps,
+        SUB=plan.block_t // warps,
     )  # fmt: skip
-    return flag
 
 
 def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor:

@@ -593,7 +593,7 @@ def _single_pass_plan(lc: Tensor, min_length: int = 0, backward: bool = False) -
     against 0.535 / 1.008 on the single pass; bfloat16 0.652 / 0.702 against 0.404 / 0.646. With the k = 1
     forward's one-warp tile the walk's forward took 1.48 ms (float32): one warp per SM does not issue two
     exps per element fast enough. The split walk spreads them over four or eight warps per SM: forward
-    float32 0.478 ms there, bfloat16 1.02 against 1.53 ms on the single pass at (8, 65536, 1024)
+    float32 0.459 ms there, bfloat16 1.01 against 1.56 ms on the single pass at (8, 65536, 1024)
     (:func:`mingru_triton.linear._split_tile`)."""
     forced = _forced[-1] if _forced else None
     if forced in ("sequential", "chunked") or (forced is None and lc.shape[1] < min_length):
