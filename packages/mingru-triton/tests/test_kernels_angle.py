@@ -15,7 +15,9 @@ from kernel_cases import assert_close, gates, on_cuda, on_interpreter
 from torch import Tensor
 
 from mingru.scans.angle import angle_scan_ref, default_angle_layout, validate_angle_layout
+from mingru_triton import angle
 from mingru_triton.angle import (
+    _pair_tile,
     _plan,
     _strategy,
     _summary_tile,
@@ -227,14 +229,19 @@ class TestInterpreted:
 
     def test_plan(self) -> None:
         cpu = torch.device("cpu")
-        # (strategy, chunk, vector-path heads, stages, unroll, (summary heads, columns, warps))
-        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 3, 2, (4, 8, 1))  # k <= 16
-        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1))  # k * R < 64
-        assert _plan(8, 4096, 16, 32, 2, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1))
-        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 3, 2, (2, 16, 1))
-        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 3, 2, (1, 16, 1))  # only one head
-        assert _plan(8, 4096, 16, 64, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 64, 2))
-        assert _plan(8, 4096, 16, 64, 2, cpu) == ("sequential", 4096, 1, 3, 1, (1, 1, 1))  # pipelined
+        # (strategy, chunk, vector-path heads, stages, unroll, (summary heads, columns, warps),
+        #  (pair-summary heads, warps) for R = 1)
+        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 3, 2, (4, 8, 1), (8, 1))  # k <= 16
+        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1), (2, 1))  # k * R < 64
+        assert _plan(8, 4096, 16, 32, 2, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), None)
+        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 3, 2, (2, 16, 1), None)
+        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 3, 2, (1, 16, 1), None)  # only one head
+        assert _plan(8, 4096, 16, 64, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 64, 2), (1, 1))
+        assert _plan(8, 4096, 16, 64, 2, cpu) == ("sequential", 4096, 1, 3, 1, (1, 1, 1), None)  # pipelined
+        # pair kernels with 2-byte inputs: half the chunk length up to k = 16
+        assert _plan(8, 4096, 16, 16, 1, cpu, 2) == ("chunked", 32, 2, 3, 2, (2, 16, 1), (4, 1))
+        assert _plan(8, 4096, 16, 32, 1, cpu, 2).chunk == 64
+        assert _plan(8, 4096, 16, 16, 2, cpu, 2).chunk == 64
         with force_strategy("chunked"):
             assert _strategy(64, 1 << 16, 16, 64, 4, cpu)[0] == "chunked"
         with pytest.raises(ValueError, match="strategy must be one of"), force_strategy("parallel"):
@@ -249,6 +256,61 @@ class TestInterpreted:
         tiles = [_summary_tile(16, 64, r) for r in (1, 2, 3, 4, 16)]
         assert tiles == [(1, 64, 2), (1, 32, 2), (1, 32, 2), (1, 32, 2), (1, 32, 2)]
         assert _summary_tile(16, 128, 1) == (1, 32, 4)
+
+    def test_pair_tile(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # whole heads up to PAIR_TILE pairs, one pair per thread (1 to 4 warps)
+        assert [_pair_tile(16, k) for k in (2, 8, 16, 32, 64, 128)] == [
+            (16, 1), (8, 1), (4, 1), (2, 1), (1, 1), (1, 2)
+        ]  # fmt: skip
+        assert _pair_tile(3, 6) == (4, 1)
+        assert _pair_tile(40, 2) == (32, 1)
+        monkeypatch.setattr(angle, "PAIR_SUMMARIES", False)
+        assert _plan(8, 4096, 16, 8, 1, torch.device("cpu")).pairs is None
+
+    @pytest.mark.parametrize(("pairs", "replays"), [(True, True), (True, False), (False, False)])
+    @pytest.mark.parametrize(
+        ("batch", "heads", "k", "kind", "steps", "has_scale", "has_decay"),
+        [
+            (1, 3, 6, "random", 23, 1, 1),  # 3 heads in a pair block of 4, 8 lanes for k = 6
+            (2, 2, 8, "reflect", 19, 1, 0),
+            (1, 5, 2, "random", 30, 0, 1),
+            (1, 1, 64, "random", 9, 1, 1),
+            (2, 2, 4, "default", 2, 0, 0),
+        ],
+    )
+    def test_one_layer_summaries(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        pairs: bool,
+        replays: bool,
+        batch: int,
+        heads: int,
+        k: int,
+        kind: str,
+        steps: int,
+        has_scale: int,
+        has_decay: int,
+    ) -> None:
+        """R = 1, chunked: the pair summaries (2 x 2 blocks) with the pair replays or the vector ones, and the
+        dense k x k summaries, all match."""
+        monkeypatch.setattr(angle, "PAIR_SUMMARIES", pairs)
+        monkeypatch.setattr(angle, "PAIR_REPLAYS", replays)
+        inputs = make_inputs(batch, steps, heads, k, 1, torch.float32, torch.device("cpu"), seed=k + steps)
+        with force_strategy("chunked"):
+            plan = _plan(batch, steps, heads, k, 1, torch.device("cpu"))
+            assert plan.strategy == "chunked" and (plan.pairs is not None) == pairs
+            check_against_reference(inputs, layout_for(kind, k, 1, seed=steps), has_scale, has_decay)
+
+    def test_one_layer_summaries_gradcheck_fp64(self) -> None:
+        inputs = make_inputs(1, 5, 3, 4, 1, torch.float64, torch.device("cpu"), seed=13)
+        with force_strategy("chunked"):
+            assert _plan(1, 5, 3, 4, 1, torch.device("cpu")).pairs is not None
+            flat_grad(inputs, random_layout(4, 1, seed=5), 1, 1)
+
+    def test_one_layer_summaries_bf16(self) -> None:
+        inputs = make_inputs(1, 17, 2, 8, 1, torch.bfloat16, torch.device("cpu"), seed=14)
+        with force_strategy("chunked"):
+            check_against_reference(inputs, layout_for("random", 8, 1, seed=6), 1, 1)
 
     @pytest.mark.parametrize(("heads", "k", "layers"), [(3, 6, 2), (1, 64, 2), (1, 64, 4)])
     def test_summary_tiles_match_reference(self, heads: int, k: int, layers: int) -> None:
@@ -308,6 +370,8 @@ class TestCuda:
             (2, 512, 4, 64, 3),
             (1, 4096, 2, 16, 4),
             (2, 300, 3, 8, 2),
+            (2, 1000, 5, 64, 1),
+            (3, 3001, 3, 6, 1),
         ],
     )
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

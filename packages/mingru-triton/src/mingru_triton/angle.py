@@ -13,7 +13,9 @@ with :func:`force_strategy`):
 - ``"chunked"``: T is cut into chunks. Phase 1 composes each chunk's transition c_t L_t into a k x k matrix
   (the layers applied to the identity) and its zero-start end state; phase 2 scans the chunk summaries per
   (batch, head); phase 3 replays every chunk from its carry-in with the vector path. The backward runs the
-  same three phases in reverse time on the adjoint.
+  same three phases in reverse time on the adjoint. With one layer (R = 1) each step only mixes the two
+  entries of a pair, so the pair kernels hold a pair per thread: a chunk's summary is its 2 x 2 blocks and
+  the replays evaluate one cos / sin per pair (:data:`PAIR_SUMMARIES`, :data:`PAIR_REPLAYS`).
 
 Envelope (:func:`angle_envelope`): k even with 2 <= k <= 128, 0 <= R <= 16.
 """
@@ -47,6 +49,15 @@ H200 the angle kernel ran 1.0x-1.1x faster than with 1 stage ((8, 4096, 16, k, R
 CHUNK_TILE = 32
 """State entries per vector-path program of the chunked strategy (whole heads; one head when k >= 32). On an
 H200, 32 ran 1.2x-1.4x (k = 8) and 1.1x-1.2x (k = 16) faster than one head per program."""
+PAIR_SUMMARIES = True
+"""With one rotation layer (R = 1) a step only mixes each entry with its partner perm[0, i], so a chunk's
+transition keeps the 2 x 2 pair blocks: the chunked strategy then stores two numbers per row (the diagonal and
+the partner's column) instead of k. False: the dense k x k summaries for every R (kept to compare)."""
+PAIR_REPLAYS = True
+"""With pair summaries, the replays (phase 3) of R = 1 also run a pair per thread: one cos / sin per pair and
+step instead of one per entry, no exchange between threads. False: the vector path (kept to compare)."""
+PAIR_TILE = 32
+"""Pairs (one per thread; whole heads, at least one) per pair-summary and pair-carry program."""
 
 
 def angle_envelope(theta: Tensor, b: Tensor) -> str | None:
@@ -156,6 +167,9 @@ class _Plan(NamedTuple):
     """``tl.range`` unroll factor of the per-step loops."""
     summary: tuple[int, int, int] = (1, 1, 1)
     """(heads, columns, warps) of a chunk-summary program (:func:`_summary_tile`)."""
+    pairs: tuple[int, int] | None = None
+    """(heads, warps) of a pair-summary and pair-carry program (:func:`_pair_tile`) when the summaries keep
+    only the 2 x 2 pair blocks (R = 1), else None."""
 
 
 def _plan(
@@ -166,7 +180,12 @@ def _plan(
     and unroll by 2 for k <= 16. On an H200 (the shapes of :func:`_strategy`) that ran 1.0x-1.6x faster
     than without for k <= 16 and 1.1x faster for k = 32, R = 2, but 1.25x slower for k = 32, R = 1 (so not
     there). The sequential strategy pipelines its loop (3 stages: 2.4x-3.4x faster than without at those
-    shapes)."""
+    shapes).
+
+    R = 1 runs the pair kernels (:data:`PAIR_SUMMARIES`, tile :func:`_pair_tile`), with half the chunk length
+    for 2-byte inputs at k <= 16. On an H200 at (8, 4096, 16, k, 1) they ran 1.3x-5.8x faster than the dense
+    summaries with the vector path (k = 8 to 64, float32 and bfloat16, fwd and fwd+bwd); chunks of 32 steps
+    were 1.3x-1.4x faster than 64 in bfloat16 at k <= 16, 1.04x-1.15x slower at k >= 32 and in float32."""
     strategy, chunk = _strategy(batch, steps, heads, k, layers, device, itemsize)
     if strategy == "sequential":
         return _Plan(strategy, chunk, _block_heads(batch, heads, k, num_sms(device)), 3, 1)
@@ -174,7 +193,19 @@ def _plan(
     stages = 3 if small or k * layers >= 64 else 1
     unroll = 2 if small else 1
     block_h = min(next_pow2(heads), max(1, CHUNK_TILE // next_pow2(k)))
-    return _Plan(strategy, chunk, block_h, stages, unroll, _summary_tile(heads, k, layers))
+    pairs = _pair_tile(heads, k) if layers == 1 and PAIR_SUMMARIES else None
+    if pairs is not None and itemsize < 4 and small:
+        # 2-byte loads get no asynchronous copies: twice the programs hide their latency instead
+        chunk = max(1, chunk // 2)
+    return _Plan(strategy, chunk, block_h, stages, unroll, _summary_tile(heads, k, layers), pairs)
+
+
+def _pair_tile(heads: int, k: int) -> tuple[int, int]:
+    """(heads, warps) of a pair-summary program: whole heads up to :data:`PAIR_TILE` pairs (one head when k
+    is larger), one pair per thread."""
+    slots = max(1, next_pow2(k) // 2)
+    block_h = min(next_pow2(heads), max(1, PAIR_TILE // slots))
+    return block_h, max(1, min(4, block_h * slots // 32))
 
 
 @triton.jit
@@ -247,6 +278,30 @@ def _fwd_kernel(
 
 
 @triton.jit
+def _gate_grads(
+    scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, live, dc,
+    BLOCK_H: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """Stores a step's dscale = dc * gamma^[has_decay] and dgamma = dc * scale^[has_scale] for the heads'
+    ``row`` (dc = lam . L(h_{t-1})) and returns c_t (BLOCK_H,)."""
+    factor = tl.full((BLOCK_H,), 1.0, tl.float32).to(WT)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
+        factor = factor * scale
+    if HAS_DECAY:
+        gamma = tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
+        factor = factor * gamma
+        if HAS_SCALE:
+            tl.store(dscale_ptr + row, (dc * gamma).to(dscale_ptr.dtype.element_ty), mask=live)
+            tl.store(dgamma_ptr + row, (dc * scale).to(dgamma_ptr.dtype.element_ty), mask=live)
+        else:
+            tl.store(dgamma_ptr + row, dc.to(dgamma_ptr.dtype.element_ty), mask=live)
+    elif HAS_SCALE:
+        tl.store(dscale_ptr + row, dc.to(dscale_ptr.dtype.element_ty), mask=live)
+    return factor
+
+
+@triton.jit
 def _bwd_kernel(
     theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, perm_ptr, sgn_ptr, p2p_ptr, carry_ptr,
     dtheta_ptr, dscale_ptr, dgamma_ptr, db_ptr, dh0_ptr,
@@ -302,21 +357,8 @@ def _bwd_kernel(
             xs = x * signs[r][None, :]
             idx = tl.broadcast_to(partners[r][None, :], (BLOCK_H, BLOCK_K))
             x = cs * xs + sides[r][None, :] * sn * tl.gather(xs, idx, 1)
-        dc = tl.sum(lam * x, axis=1)
-        factor = tl.full((BLOCK_H,), 1.0, tl.float32).to(WT)
-        if HAS_SCALE:
-            scale = tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
-            factor = factor * scale
-        if HAS_DECAY:
-            gamma = tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
-            factor = factor * gamma
-            if HAS_SCALE:
-                tl.store(dscale_ptr + row, (dc * gamma).to(dscale_ptr.dtype.element_ty), mask=live)
-                tl.store(dgamma_ptr + row, (dc * scale).to(dgamma_ptr.dtype.element_ty), mask=live)
-            else:
-                tl.store(dgamma_ptr + row, dc.to(dgamma_ptr.dtype.element_ty), mask=live)
-        elif HAS_SCALE:
-            tl.store(dscale_ptr + row, dc.to(dscale_ptr.dtype.element_ty), mask=live)
+        factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, live, tl.sum(lam * x, axis=1),
+                             BLOCK_H, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
         u = lam * factor[:, None]
         for q in tl.static_range(R):
             r = R - 1 - q
@@ -513,6 +555,241 @@ def _carry_kernel(
         state = tl.sum(mat * state[None, :], axis=1) + tl.load(end_ptr + summary * K + lanes, mask=kmask)
 
 
+@triton.jit
+def _pair_tile_start(
+    pid, n, n_hblocks, perm_ptr, p2p_ptr, sgn_ptr,
+    K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """A pair program's tile for its (batch, head block) index ``pid``: BLOCK_H heads x BLOCK_K // 2 pair
+    slots, slot m holding the pair of angle m (lanes lo < hi with p2p[0, lo] = m, hi = perm[0, lo]) in one
+    thread. Returns (batch bi, heads (BLOCK_H,), slot m, lo, hi, sgn[0, lo], sgn[0, hi] (BLOCK_K // 2,), the
+    live slots (BLOCK_H, BLOCK_K // 2))."""
+    hb = pid % n_hblocks
+    bi = pid // n_hblocks
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    lanes = tl.arange(0, BLOCK_K)
+    kmask = lanes < K
+    partner = tl.load(perm_ptr + lanes, mask=kmask, other=0).to(tl.int32)
+    number = tl.load(p2p_ptr + lanes, mask=kmask & (lanes < partner), other=-1).to(tl.int32)
+    m = tl.arange(0, BLOCK_K // 2)
+    match = number[None, :] == m[:, None]
+    lo = tl.sum(tl.where(match, lanes[None, :], 0), axis=1)
+    hi = tl.sum(tl.where(match, partner[None, :], 0), axis=1)
+    sign_lo = tl.load(sgn_ptr + lo, mask=m < HALF, other=1.0).to(WT)
+    sign_hi = tl.load(sgn_ptr + hi, mask=m < HALF, other=1.0).to(WT)
+    live = (heads < n)[:, None] & (m < HALF)[None, :]
+    return bi, heads, m, lo, hi, sign_lo, sign_hi, live
+
+
+@triton.jit
+def _pair_summary_kernel(
+    theta_ptr, scale_ptr, gamma_ptr, add_ptr, perm_ptr, sgn_ptr, p2p_ptr, pairs_ptr,
+    T, n, n_hblocks, NC, CHUNK, PLANE,
+    K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, REVERSE: tl.constexpr, FP64: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr,
+):  # fmt: skip
+    """Chunked phase 1 for R = 1, where a step only mixes the two entries of each pair (lo, hi): the chunk's
+    matrix keeps the 2 x 2 pair blocks, one per thread, and a step is the block's 2 x 2 product (one cos /
+    sin per pair). Step t's block P_t = c_t [[cos sgn_lo, -sin sgn_hi], [sin sgn_lo, cos sgn_hi]] (forward:
+    M <- P_t M, e <- P_t e + b, M the chunk's product newest on the left and e its zero-start end state);
+    REVERSE: P_t transposed (e <- P_t^T (e + dh_t): e the adjoint carry leaving the chunk when none enters it;
+    ``add`` is the output gradient). Stored per row i with partner p: d_i = M[i, i], o_i = M[i, p], e_i;
+    pairs (3, B, NC, n, k), PLANE = B NC n k apart."""
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    c = pid % NC
+    bi, heads, m, lo, hi, sign_lo, sign_hi, live = _pair_tile_start(
+        pid // NC, n, n_hblocks, perm_ptr, p2p_ptr, sgn_ptr, K, HALF, BLOCK_H, BLOCK_K, WT
+    )
+    one = tl.full((BLOCK_H, BLOCK_K // 2), 1.0, tl.float32).to(WT)
+    m_ll, m_lh, m_hl, m_hh = one, one * 0, one * 0, one
+    e_l, e_h = one * 0, one * 0
+    for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        t = c * CHUNK + (CHUNK - 1 - s if REVERSE else s)
+        alive = (heads < n) & (heads * 0 + t < T)
+        step = live & alive[:, None]
+        row = (bi * T + t) * n + heads
+        at = (row * K)[:, None]
+        add_l = tl.load(add_ptr + at + lo[None, :], mask=step, other=0.0).to(WT)
+        add_h = tl.load(add_ptr + at + hi[None, :], mask=step, other=0.0).to(WT)
+        if REVERSE:
+            e_l, e_h = e_l + add_l, e_h + add_h
+        th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
+        cs = tl.cos(th)
+        sn = tl.sin(th)
+        if HAS_SCALE:
+            factor = tl.load(scale_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
+            cs, sn = cs * factor, sn * factor
+        if HAS_DECAY:
+            factor = tl.load(gamma_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
+            cs, sn = cs * factor, sn * factor
+        p00 = cs * sign_lo[None, :]
+        p11 = cs * sign_hi[None, :]
+        if REVERSE:
+            p01 = sn * sign_lo[None, :]
+            p10 = -sn * sign_hi[None, :]
+        else:
+            p01 = -sn * sign_hi[None, :]
+            p10 = sn * sign_lo[None, :]
+        m_ll, m_lh, m_hl, m_hh = (
+            p00 * m_ll + p01 * m_hl, p00 * m_lh + p01 * m_hh, p10 * m_ll + p11 * m_hl, p10 * m_lh + p11 * m_hh
+        )  # fmt: skip
+        e_l, e_h = p00 * e_l + p01 * e_h, p10 * e_l + p11 * e_h
+        if not REVERSE:
+            e_l, e_h = e_l + add_l, e_h + add_h
+    at = (((bi * NC + c) * n + heads) * K)[:, None]
+    tl.store(pairs_ptr + at + lo[None, :], m_ll, mask=live)
+    tl.store(pairs_ptr + at + hi[None, :], m_hh, mask=live)
+    tl.store(pairs_ptr + PLANE + at + lo[None, :], m_lh, mask=live)
+    tl.store(pairs_ptr + PLANE + at + hi[None, :], m_hl, mask=live)
+    tl.store(pairs_ptr + 2 * PLANE + at + lo[None, :], e_l, mask=live)
+    tl.store(pairs_ptr + 2 * PLANE + at + hi[None, :], e_h, mask=live)
+
+
+@triton.jit
+def _pair_carry_kernel(
+    pairs_ptr, init_ptr, carry_ptr, perm_ptr, sgn_ptr, p2p_ptr, n, n_hblocks, NC, PLANE,
+    K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    REVERSE: tl.constexpr, FP64: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """Chunked phase 2 on pair summaries (:func:`_pair_summary_kernel`) per (batch, head block), a pair per
+    thread: carry_c = the state entering chunk c, carry_{c+1,i} = d_i carry_{c,i} + o_i carry_{c,p} + e_i
+    from init (h0 (B, n, k)); REVERSE: from zero, towards chunk 0. carry (B, NC, n, k)."""
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    bi, heads, _, lo, hi, _, _, live = _pair_tile_start(
+        pid, n, n_hblocks, perm_ptr, p2p_ptr, sgn_ptr, K, HALF, BLOCK_H, BLOCK_K, WT
+    )
+    if REVERSE:
+        x_l = tl.zeros((BLOCK_H, BLOCK_K // 2), dtype=tl.float32).to(WT)
+        x_h = x_l
+    else:
+        at = ((bi * n + heads) * K)[:, None]
+        x_l = tl.load(init_ptr + at + lo[None, :], mask=live, other=0.0).to(WT)
+        x_h = tl.load(init_ptr + at + hi[None, :], mask=live, other=0.0).to(WT)
+    for q in tl.range(0, NC, num_stages=STAGES):
+        c = NC - 1 - q if REVERSE else q
+        at_l = (((bi * NC + c) * n + heads) * K)[:, None] + lo[None, :]
+        at_h = (((bi * NC + c) * n + heads) * K)[:, None] + hi[None, :]
+        tl.store(carry_ptr + at_l, x_l, mask=live)
+        tl.store(carry_ptr + at_h, x_h, mask=live)
+        d_l = tl.load(pairs_ptr + at_l, mask=live, other=0.0)
+        d_h = tl.load(pairs_ptr + at_h, mask=live, other=0.0)
+        o_l = tl.load(pairs_ptr + PLANE + at_l, mask=live, other=0.0)
+        o_h = tl.load(pairs_ptr + PLANE + at_h, mask=live, other=0.0)
+        e_l = tl.load(pairs_ptr + 2 * PLANE + at_l, mask=live, other=0.0)
+        e_h = tl.load(pairs_ptr + 2 * PLANE + at_h, mask=live, other=0.0)
+        x_l, x_h = d_l * x_l + o_l * x_h + e_l, d_h * x_h + o_h * x_l + e_h
+
+
+@triton.jit
+def _pair_fwd_kernel(
+    theta_ptr, scale_ptr, gamma_ptr, b_ptr, init_ptr, perm_ptr, sgn_ptr, p2p_ptr, out_ptr,
+    T, n, n_hblocks, NC, CHUNK,
+    K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr,
+):  # fmt: skip
+    """:func:`_fwd_kernel` for R = 1 with a pair per thread (:func:`_pair_tile_start`): one cos / sin per pair
+    and step, no exchange between threads. h_lo = c (cos x~_lo - sin x~_hi) + b_lo,
+    h_hi = c (sin x~_lo + cos x~_hi) + b_hi, x~ = sgn x."""
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    c = pid % NC
+    bi, heads, m, lo, hi, sign_lo, sign_hi, live = _pair_tile_start(
+        pid // NC, n, n_hblocks, perm_ptr, p2p_ptr, sgn_ptr, K, HALF, BLOCK_H, BLOCK_K, WT
+    )
+    at = (((bi * NC + c) * n + heads) * K)[:, None]
+    x_l = tl.load(init_ptr + at + lo[None, :], mask=live, other=0.0).to(WT)
+    x_h = tl.load(init_ptr + at + hi[None, :], mask=live, other=0.0).to(WT)
+    for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        t = c * CHUNK + s
+        alive = (heads < n) & (heads * 0 + t < T)
+        step = live & alive[:, None]
+        row = (bi * T + t) * n + heads
+        th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
+        cs = tl.cos(th)
+        sn = tl.sin(th)
+        if HAS_SCALE:
+            factor = tl.load(scale_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
+            cs, sn = cs * factor, sn * factor
+        if HAS_DECAY:
+            factor = tl.load(gamma_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
+            cs, sn = cs * factor, sn * factor
+        at_l = (row * K)[:, None] + lo[None, :]
+        at_h = (row * K)[:, None] + hi[None, :]
+        xs_l = x_l * sign_lo[None, :]
+        xs_h = x_h * sign_hi[None, :]
+        x_l = cs * xs_l - sn * xs_h + tl.load(b_ptr + at_l, mask=step, other=0.0).to(WT)
+        x_h = sn * xs_l + cs * xs_h + tl.load(b_ptr + at_h, mask=step, other=0.0).to(WT)
+        tl.store(out_ptr + at_l, x_l.to(out_ptr.dtype.element_ty), mask=step)
+        tl.store(out_ptr + at_h, x_h.to(out_ptr.dtype.element_ty), mask=step)
+
+
+@triton.jit
+def _pair_bwd_kernel(
+    theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, perm_ptr, sgn_ptr, p2p_ptr, carry_ptr,
+    dtheta_ptr, dscale_ptr, dgamma_ptr, db_ptr, dh0_ptr,
+    T, n, n_hblocks, NC, CHUNK,
+    K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, CARRY_IN: tl.constexpr, FP64: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr,
+):  # fmt: skip
+    """:func:`_bwd_kernel` for R = 1 with a pair per thread: with y = L_t(h_{t-1}) and u = c_t lam_t,
+    dtheta = u_lo dy_lo/dtheta + u_hi dy_hi/dtheta and the carry L_t^T u, one cos / sin per pair and step."""
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    c = pid % NC
+    bi, heads, m, lo, hi, sign_lo, sign_hi, live = _pair_tile_start(
+        pid // NC, n, n_hblocks, perm_ptr, p2p_ptr, sgn_ptr, K, HALF, BLOCK_H, BLOCK_K, WT
+    )
+    if CARRY_IN:
+        at = (((bi * NC + c) * n + heads) * K)[:, None]
+        u_l = tl.load(carry_ptr + at + lo[None, :], mask=live, other=0.0).to(WT)
+        u_h = tl.load(carry_ptr + at + hi[None, :], mask=live, other=0.0).to(WT)
+    else:
+        u_l = tl.zeros((BLOCK_H, BLOCK_K // 2), dtype=tl.float32).to(WT)
+        u_h = u_l
+    state = ((bi * n + heads) * K)[:, None]
+    for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        t = c * CHUNK + CHUNK - 1 - s
+        alive = (heads < n) & (heads * 0 + t < T)
+        step = live & alive[:, None]
+        row = (bi * T + t) * n + heads
+        at_l = (row * K)[:, None] + lo[None, :]
+        at_h = (row * K)[:, None] + hi[None, :]
+        lam_l = u_l + tl.load(grad_ptr + at_l, mask=step, other=0.0).to(WT)
+        lam_h = u_h + tl.load(grad_ptr + at_h, mask=step, other=0.0).to(WT)
+        tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=step)
+        tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=step)
+        first = (heads * 0 + t == 0)[:, None]
+        xs_l = tl.load(out_ptr + at_l - n * K, mask=step & ~first, other=0.0).to(WT)
+        xs_h = tl.load(out_ptr + at_h - n * K, mask=step & ~first, other=0.0).to(WT)
+        xs_l += tl.load(h0_ptr + state + lo[None, :], mask=step & first, other=0.0).to(WT)
+        xs_h += tl.load(h0_ptr + state + hi[None, :], mask=step & first, other=0.0).to(WT)
+        xs_l = xs_l * sign_lo[None, :]
+        xs_h = xs_h * sign_hi[None, :]
+        th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
+        cs = tl.cos(th)
+        sn = tl.sin(th)
+        y_l = cs * xs_l - sn * xs_h
+        y_h = sn * xs_l + cs * xs_h
+        dc = tl.sum(lam_l * y_l + lam_h * y_h, axis=1)
+        factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, alive, dc, BLOCK_H,
+                             HAS_SCALE, HAS_DECAY, WT)[:, None]  # fmt: skip
+        g_l = lam_l * factor
+        g_h = lam_h * factor
+        dtheta = g_h * y_l - g_l * y_h
+        tl.store(dtheta_ptr + (row * HALF)[:, None] + m[None, :], dtheta.to(dtheta_ptr.dtype.element_ty),
+                 mask=step)  # fmt: skip
+        u_l = (cs * g_l + sn * g_h) * sign_lo[None, :]
+        u_h = (cs * g_h - sn * g_l) * sign_hi[None, :]
+    first = live & (heads * 0 + c == 0)[:, None]
+    tl.store(dh0_ptr + state + lo[None, :], u_l.to(dh0_ptr.dtype.element_ty), mask=first)
+    tl.store(dh0_ptr + state + hi[None, :], u_h.to(dh0_ptr.dtype.element_ty), mask=first)
+
+
 def _check(
     theta: Tensor, scale: Tensor, gamma: Tensor, b: Tensor, h0: Tensor, perm: Tensor, sgn: Tensor, p2p: Tensor
 ) -> None:
@@ -534,6 +811,66 @@ def _meta(b: Tensor, layers: int) -> dict[str, int]:
 
 def _work_dtype(b: Tensor) -> torch.dtype:
     return torch.float64 if b.dtype == torch.float64 else torch.float32
+
+
+def _replay(
+    plan: _Plan, heads: int, meta: dict[str, int], vector: object, pair: object
+) -> tuple[object, int, dict[str, int]]:
+    """(kernel, head blocks, tile constants and warps) of the replay (phase 3, or the whole sequential walk):
+    the pair kernel with ``plan.pairs``' tile where the plan has one and :data:`PAIR_REPLAYS` is set, else
+    the vector path with ``plan.block_h`` heads."""
+    if plan.pairs is not None and PAIR_REPLAYS:
+        pair_h, pair_warps = plan.pairs
+        tile = {k: meta[k] for k in ("K", "HALF", "BLOCK_K", "FP64")}
+        return pair, cdiv(heads, pair_h), {**tile, "BLOCK_H": pair_h, "num_warps": pair_warps}
+    warps = _warps(plan.block_h * meta["BLOCK_K"])
+    return vector, cdiv(heads, plan.block_h), {**meta, "BLOCK_H": plan.block_h, "num_warps": warps}
+
+
+def _carries(
+    plan: _Plan,
+    theta: Tensor,
+    scale: Tensor,
+    gamma: Tensor,
+    add: Tensor,
+    h0: Tensor,
+    perm: Tensor,
+    sgn: Tensor,
+    p2p: Tensor,
+    meta: dict[str, int],
+    flags: dict[str, int],
+    reverse: int,
+) -> Tensor:
+    """Phases 1 and 2 of the chunked strategy: the carry (B, NC, n, k) entering each chunk, forward from h0
+    (``add`` = b) or, with ``reverse``, the adjoint carry from the sequence's end (``add`` = the output
+    gradient). The summaries are the pair blocks where ``plan.pairs`` is set, else k x k matrices."""
+    batch, steps, heads, k = add.shape
+    chunks, chunk, work = cdiv(steps, plan.chunk), plan.chunk, _work_dtype(add)
+    carries = torch.empty(batch, chunks, heads, k, device=add.device, dtype=work)
+    loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
+    common = {"K": k, "BLOCK_K": meta["BLOCK_K"], "REVERSE": reverse, "FP64": meta["FP64"]}
+    if plan.pairs is not None:
+        pair_h, pair_warps = plan.pairs
+        pairs = torch.empty(3, batch, chunks, heads, k, device=add.device, dtype=work)
+        plane, n_blocks = pairs[0].numel(), cdiv(heads, pair_h)
+        launch(_pair_summary_kernel, (batch * n_blocks * chunks,), theta, scale, gamma, add, perm, sgn, p2p,
+               pairs, steps, heads, n_blocks, chunks, chunk, plane, HALF=meta["HALF"], BLOCK_H=pair_h,
+               **common, **flags, **loops, num_warps=pair_warps)  # fmt: skip
+        launch(_pair_carry_kernel, (batch * n_blocks,), pairs, h0, carries, perm, sgn, p2p, heads, n_blocks,
+               chunks, plane, HALF=meta["HALF"], BLOCK_H=pair_h, **common, STAGES=CARRY_STAGES,
+               num_warps=pair_warps)  # fmt: skip
+        return carries
+    mats = torch.empty(batch, heads, chunks, k, k, device=add.device, dtype=work)
+    ends = torch.empty(batch, heads, chunks, k, device=add.device, dtype=work)
+    sum_h, sum_c, sum_warps = plan.summary
+    grid = (batch * cdiv(heads, sum_h) * (meta["BLOCK_K"] // sum_c) * chunks,)
+    summary = _bwd_summary_kernel if reverse else _fwd_summary_kernel
+    launch(summary, grid, theta, scale, gamma, add, perm, sgn, p2p, mats, ends, steps, heads,
+           cdiv(heads, sum_h), chunks, chunk, **meta, BLOCK_H=sum_h, BLOCK_C=sum_c, **flags, **loops,
+           num_warps=sum_warps)  # fmt: skip
+    launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks, **common,
+           STAGES=CARRY_STAGES, UNROLL=1, num_warps=_matrix_warps(meta["BLOCK_K"]))  # fmt: skip
+    return carries
 
 
 @triton_op("mingru::angle_scan_fwd", mutates_args=())
@@ -566,23 +903,12 @@ def angle_scan_fwd(
     loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
     if plan.strategy == "chunked":
         chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
-        mats = torch.empty(batch, heads, chunks, k, k, device=b.device, dtype=_work_dtype(b))
-        ends = torch.empty(batch, heads, chunks, k, device=b.device, dtype=_work_dtype(b))
-        carries = torch.empty(batch, chunks, heads, k, device=b.device, dtype=_work_dtype(b))
-        sum_h, sum_c, sum_warps = plan.summary
-        grid = (batch * cdiv(heads, sum_h) * (meta["BLOCK_K"] // sum_c) * chunks,)
-        launch(_fwd_summary_kernel, grid, theta, scale, gamma, b, perm, sgn, p2p, mats, ends,
-               steps, heads, cdiv(heads, sum_h), chunks, chunk, **meta, BLOCK_H=sum_h, BLOCK_C=sum_c, **flags,
-               **loops, num_warps=sum_warps)  # fmt: skip
-        launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks,
-               K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=0, FP64=meta["FP64"], STAGES=CARRY_STAGES, UNROLL=1,
-               num_warps=_matrix_warps(meta["BLOCK_K"]))  # fmt: skip
+        carries = _carries(plan, theta, scale, gamma, b, h0, perm, sgn, p2p, meta, flags, reverse=0)
     else:
         chunks, chunk, carries = 1, max(steps, 1), h0
-    n_hblocks = cdiv(heads, plan.block_h)
-    launch(_fwd_kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, b, carries, perm, sgn, p2p, out,
-           steps, heads, n_hblocks, chunks, chunk, **meta, BLOCK_H=plan.block_h, **flags, **loops,
-           num_warps=_warps(plan.block_h * meta["BLOCK_K"]))  # fmt: skip
+    kernel, n_hblocks, tile = _replay(plan, heads, meta, _fwd_kernel, _pair_fwd_kernel)
+    launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, b, carries, perm, sgn, p2p, out,
+           steps, heads, n_hblocks, chunks, chunk, **tile, **flags, **loops)  # fmt: skip
     return out
 
 
@@ -631,25 +957,14 @@ def angle_scan_bwd(
     loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
     if plan.strategy == "chunked":
         chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
-        mats = torch.empty(batch, heads, chunks, k, k, device=b.device, dtype=_work_dtype(b))
-        ends = torch.empty(batch, heads, chunks, k, device=b.device, dtype=_work_dtype(b))
-        carries = torch.empty(batch, chunks, heads, k, device=b.device, dtype=_work_dtype(b))
-        sum_h, sum_c, sum_warps = plan.summary
-        grid = (batch * cdiv(heads, sum_h) * (meta["BLOCK_K"] // sum_c) * chunks,)
-        launch(_bwd_summary_kernel, grid, theta, scale, gamma, grad_out, perm, sgn, p2p, mats, ends,
-               steps, heads, cdiv(heads, sum_h), chunks, chunk, **meta, BLOCK_H=sum_h, BLOCK_C=sum_c, **flags,
-               **loops, num_warps=sum_warps)  # fmt: skip
-        launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks,
-               K=k, BLOCK_K=meta["BLOCK_K"], REVERSE=1, FP64=meta["FP64"], STAGES=CARRY_STAGES, UNROLL=1,
-               num_warps=_matrix_warps(meta["BLOCK_K"]))  # fmt: skip
+        carries = _carries(plan, theta, scale, gamma, grad_out, h0, perm, sgn, p2p, meta, flags, reverse=1)
         carry_in = 1
     else:
         chunks, chunk, carries, carry_in = 1, max(steps, 1), h0, 0
-    n_hblocks = cdiv(heads, plan.block_h)
-    launch(_bwd_kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p,
-           carries, dtheta, dscale, dgamma, db, dh0, steps, heads, n_hblocks, chunks, chunk, **meta,
-           BLOCK_H=plan.block_h, **flags, CARRY_IN=carry_in, **loops,
-           num_warps=_warps(plan.block_h * meta["BLOCK_K"]))  # fmt: skip
+    kernel, n_hblocks, tile = _replay(plan, heads, meta, _bwd_kernel, _pair_bwd_kernel)
+    launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p,
+           carries, dtheta, dscale, dgamma, db, dh0, steps, heads, n_hblocks, chunks, chunk, **tile, **flags,
+           CARRY_IN=carry_in, **loops)  # fmt: skip
     return dtheta, dscale, dgamma, db, dh0
 
 
