@@ -252,6 +252,9 @@ def bench_smoke(session: nox.Session) -> None:
     chunked = str(ROOT / "benchmarks" / "sweep_chunked.py")
     session.run("python", chunked, "--smoke", "--family", "affine", "--compile-workers", "2")
     session.run("python", chunked, "--smoke", "--family", "angle", "--modes", "fwd")
+    session.run(
+        "python", chunked, "--smoke", "--family", "angle", "--shapes", "1x40x2x4x1", "--pair-tiles", "off,1x1"
+    )
     session.run("python", str(ROOT / "benchmarks" / "overhead.py"), "--smoke")
     session.run("python", str(ROOT / "benchmarks" / "strategies.py"), "--smoke")
     session.run("python", str(ROOT / "benchmarks" / "layer_memory.py"), "--smoke", "--dtypes", "float32")

@@ -10,7 +10,8 @@ forward or forward + backward:
   depth), and the sequential strategy;
 - angle: chunked with each ``--chunks`` x ``--stages`` x ``--unroll`` x ``--tile`` (state entries per
   vector-path program) x ``--summary-tiles`` (heads x columns x warps of a chunk-summary program, or "own":
-  the kernel's own), and the sequential strategy.
+  the kernel's own) x ``--pair-tiles`` (R = 1: heads x warps of a pair-summary program, "off" for the
+  dense k x k summaries, or "own"), and the sequential strategy.
 
 Each result is checked against the call with the kernel's own plan (same inputs, same output gradient),
 then timed (``triton.testing.do_bench`` median, or CUDA graph replay with ``--graph``) and divided by the
@@ -91,6 +92,19 @@ def _summary_tiles(text: str) -> list[tuple[int, int, int] | None]:
     return tiles
 
 
+def _pair_tiles(text: str) -> list[tuple[int, int] | str]:
+    tiles: list[tuple[int, int] | str] = []
+    for item in text.split(","):
+        if item in ("own", "off"):
+            tiles.append(item)
+            continue
+        parts = tuple(int(x) for x in item.lower().split("x")) if item.replace("x", "").isdigit() else ()
+        if len(parts) != 2 or min(parts) < 1:
+            raise argparse.ArgumentTypeError(f'a pair tile is HxW (positive), "own" or "off", got {item!r}')
+        tiles.append((parts[0], parts[1]))
+    return tiles
+
+
 def _configs(args: argparse.Namespace, family: str) -> list[tuple[str, dict[str, Any] | None]]:
     """(label, settings) of every configuration; settings None is the sequential strategy."""
     grid: list[tuple[str, dict[str, Any] | None]] = [("sequential", None)]
@@ -98,13 +112,14 @@ def _configs(args: argparse.Namespace, family: str) -> list[tuple[str, dict[str,
         for chunk, stages in itertools.product(args.chunks, args.stages):
             grid.append((f"chunked c{chunk} s{stages}", {"chunk": chunk, "stages": stages}))
     else:
-        for chunk, stages, unroll, tile, summary in itertools.product(
-            args.chunks, args.stages, args.unroll, args.tile, args.summary_tiles
+        for chunk, stages, unroll, tile, summary, pairs in itertools.product(
+            args.chunks, args.stages, args.unroll, args.tile, args.summary_tiles, args.pair_tiles
         ):
             label = f"chunked c{chunk} s{stages} u{unroll} tile{tile}"
             label += " sum" + "x".join(map(str, summary)) if summary else ""
+            label += "" if pairs == "own" else f" pairs {pairs if isinstance(pairs, str) else _dims(pairs)}"
             settings = {"chunk": chunk, "stages": stages, "unroll": unroll, "tile": tile}
-            grid.append((label, {**settings, "summary": summary}))
+            grid.append((label, {**settings, "summary": summary, "pairs": pairs}))
     return grid[:1] + grid[-1:] if args.smoke else grid
 
 
@@ -136,7 +151,12 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
         block_h = min(next_pow2(heads), max(1, settings["tile"] // next_pow2(k)))
         chunk = min(settings["chunk"], max(1, steps))
         summary = settings["summary"] or angle._summary_tile(heads, k, layers)
-        return angle._Plan("chunked", chunk, block_h, settings["stages"], settings["unroll"], summary)
+        pairs = settings["pairs"]
+        if pairs == "own":
+            pairs = own_plan(batch, steps, heads, k, layers, device, itemsize).pairs
+        elif pairs == "off" or layers != 1:
+            pairs = None
+        return angle._Plan("chunked", chunk, block_h, settings["stages"], settings["unroll"], summary, pairs)
 
     angle._plan = plan
     try:
@@ -156,7 +176,12 @@ def _own_plan(family: str, shape: Shape, device: torch.device) -> str:
     if p.strategy == "sequential":
         return f"sequential heads{p.block_h}"
     tile = p.block_h * next_pow2(k)
-    return f"chunked c{p.chunk} s{p.stages} u{p.unroll} tile{tile} sum{'x'.join(map(str, p.summary))}"
+    label = f"chunked c{p.chunk} s{p.stages} u{p.unroll} tile{tile} sum{_dims(p.summary)}"
+    return label + (f" pairs {_dims(p.pairs)}" if p.pairs else "")
+
+
+def _dims(tile: tuple[int, ...]) -> str:
+    return "x".join(map(str, tile))
 
 
 class Sweep(Timer):
@@ -235,10 +260,17 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[None],
         help='angle only: comma-separated HxCxW (heads x columns x warps) or "own"',
     )
+    parser.add_argument(
+        "--pair-tiles",
+        type=_pair_tiles,
+        default=["own"],
+        help='angle only, R = 1: comma-separated HxW (heads x warps of a pair-summary program), "own" or '
+        '"off" (dense k x k summaries)',
+    )
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.shapes = "1x40x2x4" if args.family == "affine" else "1x40x2x4x2"
+        args.shapes = args.shapes or ("1x40x2x4" if args.family == "affine" else "1x40x2x4x2")
         args.dtypes, args.chunks, args.stages, args.unroll, args.tile = "float32", [8], [1], [1], [8]
     elif not torch.cuda.is_available():
         parser.error("the sweep times CUDA kernels: run it on a GPU, or pass --smoke")
