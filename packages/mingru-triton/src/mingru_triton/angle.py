@@ -57,7 +57,8 @@ PAIR_REPLAYS = True
 """With pair summaries, the replays (phase 3) of R = 1 also run a pair per thread: one cos / sin per pair and
 step instead of one per entry, no exchange between threads. False: the vector path (kept to compare)."""
 PAIR_TILE = 32
-"""Pairs (one per thread; whole heads, at least one) per pair-summary and pair-carry program."""
+"""Pairs (one per thread; whole heads, at least one) per program of the pair kernels (summaries, carries,
+replays)."""
 
 
 def angle_envelope(theta: Tensor, b: Tensor) -> str | None:
@@ -168,8 +169,8 @@ class _Plan(NamedTuple):
     summary: tuple[int, int, int] = (1, 1, 1)
     """(heads, columns, warps) of a chunk-summary program (:func:`_summary_tile`)."""
     pairs: tuple[int, int] | None = None
-    """(heads, warps) of a pair-summary and pair-carry program (:func:`_pair_tile`) when the summaries keep
-    only the 2 x 2 pair blocks (R = 1), else None."""
+    """(heads, warps) of a pair-kernel program (:func:`_pair_tile`) when the summaries keep only the 2 x 2
+    pair blocks (R = 1), else None."""
 
 
 def _plan(
@@ -201,8 +202,9 @@ def _plan(
 
 
 def _pair_tile(heads: int, k: int) -> tuple[int, int]:
-    """(heads, warps) of a pair-summary program: whole heads up to :data:`PAIR_TILE` pairs (one head when k
-    is larger), one pair per thread."""
+    """(heads, warps) of a pair-kernel program: whole heads up to :data:`PAIR_TILE` pairs (one head when k is
+    larger), one pair per thread. On an H200 ((8, 4096, 16, k, 1), k = 8 to 64) 32 pairs was within 7% of the
+    fastest of 16, 32 and 64 at every chunk length; 16 (half a warp idle) was up to 1.95x slower."""
     slots = max(1, next_pow2(k) // 2)
     block_h = min(next_pow2(heads), max(1, PAIR_TILE // slots))
     return block_h, max(1, min(4, block_h * slots // 32))
