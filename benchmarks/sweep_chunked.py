@@ -79,30 +79,23 @@ def _floor_bytes(family: str, shape: Shape, mode: str, itemsize: int) -> int:
     return fwd if mode == "fwd" else fwd + bwd
 
 
-def _summary_tiles(text: str) -> list[tuple[int, int, int] | None]:
-    tiles: list[tuple[int, int, int] | None] = []
-    for item in text.split(","):
-        if item == "own":
-            tiles.append(None)
-            continue
-        parts = tuple(int(x) for x in item.lower().split("x")) if item.replace("x", "").isdigit() else ()
-        if len(parts) != 3 or min(parts) < 1:
-            raise argparse.ArgumentTypeError(f'a summary tile is HxCxW (positive) or "own", got {item!r}')
-        tiles.append((parts[0], parts[1], parts[2]))
-    return tiles
+def _tile(item: str, size: int, what: str) -> tuple[int, ...]:
+    """``item`` as ``size`` positive numbers joined by "x", else an ArgumentTypeError saying ``what`` a tile
+    is."""
+    parts = tuple(int(x) for x in item.lower().split("x")) if item.replace("x", "").isdigit() else ()
+    if len(parts) != size or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"a {what}, got {item!r}")
+    return parts
 
 
-def _pair_tiles(text: str) -> list[tuple[int, int] | str]:
-    tiles: list[tuple[int, int] | str] = []
-    for item in text.split(","):
-        if item in ("own", "off"):
-            tiles.append(item)
-            continue
-        parts = tuple(int(x) for x in item.lower().split("x")) if item.replace("x", "").isdigit() else ()
-        if len(parts) != 2 or min(parts) < 1:
-            raise argparse.ArgumentTypeError(f'a pair tile is HxW (positive), "own" or "off", got {item!r}')
-        tiles.append((parts[0], parts[1]))
-    return tiles
+def _summary_tiles(text: str) -> list[tuple[int, ...] | None]:
+    what = 'summary tile is HxCxW (positive) or "own"'
+    return [None if item == "own" else _tile(item, 3, what) for item in text.split(",")]
+
+
+def _pair_tiles(text: str) -> list[tuple[int, ...] | str]:
+    what = 'pair tile is HxW (positive), "own" or "off"'
+    return [item if item in ("own", "off") else _tile(item, 2, what) for item in text.split(",")]
 
 
 def _configs(args: argparse.Namespace, family: str) -> list[tuple[str, dict[str, Any] | None]]:
