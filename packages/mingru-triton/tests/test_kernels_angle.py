@@ -8,14 +8,17 @@ repeat the comparisons at real sizes, including one input past 2^31 elements.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
 from kernel_cases import assert_close, gates, on_cuda, on_interpreter
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+from mingru.dispatch import ScanFallback
 from mingru.scans.angle import angle_scan_ref, default_angle_layout, validate_angle_layout
-from mingru_triton import angle
+from mingru_triton import _launch, angle
 from mingru_triton.angle import (
     _pair_tile,
     _plan,
@@ -26,6 +29,7 @@ from mingru_triton.angle import (
     angle_scan_fwd,
     force_strategy,
 )
+from mingru_triton.impls import angle_scan_impl
 
 STRATEGIES = ("sequential", "chunked")
 Layout = tuple[Tensor, Tensor, Tensor]
@@ -351,6 +355,104 @@ class TestInterpreted:
         out = angle_scan_fwd(*inputs, *layout, 1, 1)
         with pytest.raises(ValueError, match="grad_out must match b"):
             angle_scan_bwd(*inputs, out, out[:, :1], *layout, 1, 1)
+
+
+def _op_and_eager(
+    inputs: list[Tensor], layout: Layout, has_scale: int, has_decay: int
+) -> tuple[list[Tensor], list[Tensor], Any]:
+    """(h and the five input grads) through the op and through the layers' entry point
+    (``angle_scan_impl``: checks, then :func:`mingru_triton.angle.scan`), and the latter's graph node."""
+    perm, sgn, p2p = (t.to(inputs[0].device) for t in layout)
+    grad = torch.linspace(-1.0, 1.0, inputs[3].numel(), dtype=torch.float64).reshape(inputs[3].shape)
+    results = []
+    node = None
+    for path in ("op", "eager"):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        if path == "op":
+            h = angle_scan_fwd(*leaves, perm, sgn, p2p, has_scale, has_decay)
+        else:
+            h = angle_scan_impl(*leaves, perm, sgn, p2p, has_scale=has_scale, has_decay=has_decay)
+            node = h.grad_fn
+        results.append([h.detach(), *torch.autograd.grad(h, leaves, grad.to(h))])
+    return results[0], results[1], node
+
+
+class TestEagerPath:
+    """The layers' entry point runs the op's bodies in a ``torch.autograd.Function`` (no ``torch.library``
+    dispatch), with the op's bits."""
+
+    pytestmark = on_interpreter
+
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    @pytest.mark.parametrize("layers", [1, 2])
+    @pytest.mark.parametrize(("has_scale", "has_decay"), [(1, 1), (1, 0), (0, 1), (0, 0)])
+    def test_gives_the_ops_bits(self, strategy: str, layers: int, has_scale: int, has_decay: int) -> None:
+        inputs = make_inputs(2, 29, 3, 8, layers, torch.float32, torch.device("cpu"), seed=layers)
+        with force_strategy(strategy):
+            want, got, node = _op_and_eager(inputs, random_layout(8, layers, seed=1), has_scale, has_decay)
+        name = f"AngleScan{'Scale' if has_scale else ''}{'Decay' if has_decay else ''}Backward"
+        assert type(node).__name__ == name
+        for what, g, w in zip(("h", "dtheta", "dscale", "dgamma", "db", "dh0"), got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w), what
+
+    def test_bf16_gives_the_ops_bits(self) -> None:
+        inputs = make_inputs(1, 40, 2, 4, 1, torch.bfloat16, torch.device("cpu"), seed=5)
+        want, got, _ = _op_and_eager(inputs, layout_for("reflect", 4, 1), 1, 1)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == torch.bfloat16 and torch.equal(g, w)
+
+    def test_without_grad_runs_the_body_alone(self) -> None:
+        inputs = make_inputs(1, 17, 2, 6, 2, torch.float32, torch.device("cpu"), seed=6)
+        perm, sgn, p2p = layout_for("random", 6, 2)
+        want = angle_scan_fwd(*inputs, perm, sgn, p2p, 1, 1)
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        for args in (inputs, leaves):
+            with torch.no_grad():
+                got = angle_scan_impl(*args, perm, sgn, p2p, has_scale=1, has_decay=1)
+            assert torch.equal(got, want) and got.grad_fn is None and not got.requires_grad
+            with torch.inference_mode():
+                assert torch.equal(angle_scan_impl(*args, perm, sgn, p2p, has_scale=1, has_decay=1), want)
+        got = angle.scan(*inputs, perm, sgn, p2p, 1, 1)
+        assert torch.equal(got, want) and got.grad_fn is None
+
+    def test_does_not_keep_b_for_the_backward(self) -> None:
+        """The adjoint reads the output, not b: the eager node saves theta, scale, gamma, h0, h and the
+        layout (the op's node keeps b too)."""
+        inputs = make_inputs(1, 9, 2, 4, 1, torch.float32, torch.device("cpu"), seed=7)
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        layout = layout_for("default", 4, 1)
+        h = angle.scan(*leaves, *layout, 1, 1)
+        saved = {t.data_ptr() for t in h.grad_fn.saved_tensors}
+        assert leaves[3].data_ptr() not in saved
+        assert {leaves[0].data_ptr(), leaves[4].data_ptr(), h.data_ptr()} <= saved
+
+    def test_bad_inputs_fall_back_with_the_reason(self) -> None:
+        inputs = make_inputs(1, 9, 2, 4, 1, torch.float32, torch.device("cpu"), seed=8)
+        layout = layout_for("default", 4, 1)
+        with pytest.raises(ScanFallback, match="h0"):
+            angle_scan_impl(*inputs[:4], inputs[4][:, :1], *layout, has_scale=1, has_decay=1)
+
+
+def test_eager_path_leaves_fake_tensors_to_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under fake CUDA tensors (a dispatch mode) the layers' entry point takes the op, whose launches go
+    through ``wrap_triton`` and launch nothing: the eager bodies are not entered; shapes and devices come out
+    right (the adjoint op called directly, as autograd would)."""
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the eager path ran under fake tensors")
+
+    monkeypatch.setattr(_launch, "_run_eagerly", refuse)
+    with FakeTensorMode():
+        theta = torch.empty(2, 512, 4, 1, 4, device="cuda")
+        scale, gamma = (torch.empty(2, 512, 4, device="cuda") for _ in range(2))
+        b = torch.empty(2, 512, 4, 8, device="cuda")
+        h0 = torch.empty(2, 4, 8, device="cuda")
+        perm, p2p = (torch.empty(1, 8, dtype=torch.int64, device="cuda") for _ in range(2))
+        sgn = torch.empty(1, 8, device="cuda")
+        h = angle_scan_impl(theta, scale, gamma, b, h0, perm, sgn, p2p, has_scale=1, has_decay=1)
+        assert h.shape == b.shape and h.device.type == "cuda"
+        grads = angle_scan_bwd(theta, scale, gamma, b, h0, h, torch.empty_like(h), perm, sgn, p2p, 1, 1)
+        assert [g.shape for g in grads] == [x.shape for x in (theta, scale, gamma, b, h0)]
 
 
 def cuda_inputs(batch: int, steps: int, heads: int, k: int, layers: int, dtype: torch.dtype) -> list[Tensor]:

@@ -22,7 +22,7 @@ Envelope (:func:`angle_envelope`): k even with 2 <= k <= 128, 0 <= R <= 16.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -33,7 +33,16 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru.scans.angle import check_angle_inputs
-from mingru_triton._launch import cdiv, is_fp64, launch, next_pow2, num_sms, on_kernel_device, sqrt_chunk
+from mingru_triton._launch import (
+    cdiv,
+    eager_path,
+    is_fp64,
+    launch,
+    next_pow2,
+    num_sms,
+    on_kernel_device,
+    sqrt_chunk,
+)
 
 __all__ = ["angle_envelope", "angle_scan_bwd", "angle_scan_fwd", "force_strategy"]
 
@@ -584,6 +593,25 @@ def _pair_tile_start(
 
 
 @triton.jit
+def _pair_rotation(
+    theta_ptr, scale_ptr, gamma_ptr, row, m, step, alive,
+    HALF: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """(c_t cos, c_t sin) of the angles theta[row, m] of a pair tile (BLOCK_H, BLOCK_K // 2) at step ``row``
+    (BLOCK_H,), c_t = scale^[HAS_SCALE] gamma^[HAS_DECAY]; ``step`` masks the slots, ``alive`` the heads."""
+    th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
+    cs = tl.cos(th)
+    sn = tl.sin(th)
+    if HAS_SCALE:
+        factor = tl.load(scale_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
+        cs, sn = cs * factor, sn * factor
+    if HAS_DECAY:
+        factor = tl.load(gamma_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
+        cs, sn = cs * factor, sn * factor
+    return cs, sn
+
+
+@triton.jit
 def _pair_summary_kernel(
     theta_ptr, scale_ptr, gamma_ptr, add_ptr, perm_ptr, sgn_ptr, p2p_ptr, pairs_ptr,
     T, n, n_hblocks, NC, CHUNK, PLANE,
@@ -617,15 +645,8 @@ def _pair_summary_kernel(
         add_h = tl.load(add_ptr + at + hi[None, :], mask=step, other=0.0).to(WT)
         if REVERSE:
             e_l, e_h = e_l + add_l, e_h + add_h
-        th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
-        cs = tl.cos(th)
-        sn = tl.sin(th)
-        if HAS_SCALE:
-            factor = tl.load(scale_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
-            cs, sn = cs * factor, sn * factor
-        if HAS_DECAY:
-            factor = tl.load(gamma_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
-            cs, sn = cs * factor, sn * factor
+        cs, sn = _pair_rotation(theta_ptr, scale_ptr, gamma_ptr, row, m, step, alive, HALF, HAS_SCALE,
+                                HAS_DECAY, WT)  # fmt: skip
         p00 = cs * sign_lo[None, :]
         p11 = cs * sign_hi[None, :]
         if REVERSE:
@@ -710,15 +731,8 @@ def _pair_fwd_kernel(
         alive = (heads < n) & (heads * 0 + t < T)
         step = live & alive[:, None]
         row = (bi * T + t) * n + heads
-        th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
-        cs = tl.cos(th)
-        sn = tl.sin(th)
-        if HAS_SCALE:
-            factor = tl.load(scale_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
-            cs, sn = cs * factor, sn * factor
-        if HAS_DECAY:
-            factor = tl.load(gamma_ptr + row, mask=alive, other=1.0).to(WT)[:, None]
-            cs, sn = cs * factor, sn * factor
+        cs, sn = _pair_rotation(theta_ptr, scale_ptr, gamma_ptr, row, m, step, alive, HALF, HAS_SCALE,
+                                HAS_DECAY, WT)  # fmt: skip
         at_l = (row * K)[:, None] + lo[None, :]
         at_h = (row * K)[:, None] + hi[None, :]
         xs_l = x_l * sign_lo[None, :]
@@ -854,7 +868,8 @@ def _carries(
     if plan.pairs is not None:
         pair_h, pair_warps = plan.pairs
         pairs = torch.empty(3, batch, chunks, heads, k, device=add.device, dtype=work)
-        plane, n_blocks = pairs[0].numel(), cdiv(heads, pair_h)
+        # the plane's size without indexing pairs: a CPU-only torch cannot index a fake CUDA tensor
+        plane, n_blocks = batch * chunks * heads * k, cdiv(heads, pair_h)
         launch(_pair_summary_kernel, (batch * n_blocks * chunks,), theta, scale, gamma, add, perm, sgn, p2p,
                pairs, steps, heads, n_blocks, chunks, chunk, plane, HALF=meta["HALF"], BLOCK_H=pair_h,
                **common, **flags, **loops, num_warps=pair_warps)  # fmt: skip
@@ -873,6 +888,80 @@ def _carries(
     launch(_carry_kernel, (batch * heads,), mats, ends, h0, carries, heads, chunks, **common,
            STAGES=CARRY_STAGES, UNROLL=1, num_warps=_matrix_warps(meta["BLOCK_K"]))  # fmt: skip
     return carries
+
+
+def _forward(
+    theta: Tensor,
+    scale: Tensor,
+    gamma: Tensor,
+    b: Tensor,
+    h0: Tensor,
+    perm: Tensor,
+    sgn: Tensor,
+    p2p: Tensor,
+    has_scale: int,
+    has_decay: int,
+) -> Tensor:
+    """The forward's launches on checked inputs (the body of :func:`angle_scan_fwd` after its checks)."""
+    theta, scale, gamma, b, h0 = (x.contiguous() for x in (theta, scale, gamma, b, h0))
+    perm, sgn, p2p = perm.contiguous(), sgn.contiguous(), p2p.contiguous()
+    batch, steps, heads, k = b.shape
+    meta = _meta(b, perm.shape[0])
+    flags = {"HAS_SCALE": int(bool(has_scale)), "HAS_DECAY": int(bool(has_decay))}
+    out = torch.empty_like(b)
+    plan = _plan(batch, steps, heads, k, meta["R"], b.device, b.element_size())
+    loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
+    if plan.strategy == "chunked":
+        chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
+        carries = _carries(plan, theta, scale, gamma, b, h0, perm, sgn, p2p, meta, flags, reverse=0)
+    else:
+        chunks, chunk, carries = 1, max(steps, 1), h0
+    kernel, n_hblocks, tile = _replay(plan, heads, meta, _fwd_kernel, _pair_fwd_kernel)
+    launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, b, carries, perm, sgn, p2p, out,
+           steps, heads, n_hblocks, chunks, chunk, **tile, **flags, **loops)  # fmt: skip
+    return out
+
+
+def _backward(
+    theta: Tensor,
+    scale: Tensor,
+    gamma: Tensor,
+    h0: Tensor,
+    out: Tensor,
+    grad_out: Tensor,
+    perm: Tensor,
+    sgn: Tensor,
+    p2p: Tensor,
+    has_scale: int,
+    has_decay: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The adjoint's launches on checked inputs (the body of :func:`angle_scan_bwd` after its checks; the
+    forward's ``b`` is not read: ``out`` has its shape)."""
+    theta, scale, gamma, h0, out, grad_out = (
+        x.contiguous() for x in (theta, scale, gamma, h0, out, grad_out)
+    )
+    perm, sgn, p2p = perm.contiguous(), sgn.contiguous(), p2p.contiguous()
+    batch, steps, heads, k = out.shape
+    meta = _meta(out, perm.shape[0])
+    flags = {"HAS_SCALE": int(bool(has_scale)), "HAS_DECAY": int(bool(has_decay))}
+    dtheta = torch.empty_like(theta)
+    dscale = torch.zeros_like(scale)
+    dgamma = torch.zeros_like(gamma)
+    db = torch.empty_like(out)
+    dh0 = torch.empty_like(h0)
+    plan = _plan(batch, steps, heads, k, meta["R"], out.device, out.element_size())
+    loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
+    if plan.strategy == "chunked":
+        chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
+        carries = _carries(plan, theta, scale, gamma, grad_out, h0, perm, sgn, p2p, meta, flags, reverse=1)
+        carry_in = 1
+    else:
+        chunks, chunk, carries, carry_in = 1, max(steps, 1), h0, 0
+    kernel, n_hblocks, tile = _replay(plan, heads, meta, _bwd_kernel, _pair_bwd_kernel)
+    launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p,
+           carries, dtheta, dscale, dgamma, db, dh0, steps, heads, n_hblocks, chunks, chunk, **tile, **flags,
+           CARRY_IN=carry_in, **loops)  # fmt: skip
+    return dtheta, dscale, dgamma, db, dh0
 
 
 @triton_op("mingru::angle_scan_fwd", mutates_args=())
@@ -895,23 +984,7 @@ def angle_scan_fwd(
     shapes, dtypes or devices and ValueError outside :func:`angle_envelope`. Layout values are not checked.
     """
     _check(theta, scale, gamma, b, h0, perm, sgn, p2p)
-    theta, scale, gamma, b, h0 = (x.contiguous() for x in (theta, scale, gamma, b, h0))
-    perm, sgn, p2p = perm.contiguous(), sgn.contiguous(), p2p.contiguous()
-    batch, steps, heads, k = b.shape
-    meta = _meta(b, perm.shape[0])
-    flags = {"HAS_SCALE": int(bool(has_scale)), "HAS_DECAY": int(bool(has_decay))}
-    out = torch.empty_like(b)
-    plan = _plan(batch, steps, heads, k, meta["R"], b.device, b.element_size())
-    loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
-    if plan.strategy == "chunked":
-        chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
-        carries = _carries(plan, theta, scale, gamma, b, h0, perm, sgn, p2p, meta, flags, reverse=0)
-    else:
-        chunks, chunk, carries = 1, max(steps, 1), h0
-    kernel, n_hblocks, tile = _replay(plan, heads, meta, _fwd_kernel, _pair_fwd_kernel)
-    launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, b, carries, perm, sgn, p2p, out,
-           steps, heads, n_hblocks, chunks, chunk, **tile, **flags, **loops)  # fmt: skip
-    return out
+    return _forward(theta, scale, gamma, b, h0, perm, sgn, p2p, has_scale, has_decay)
 
 
 @triton_op("mingru::angle_scan_bwd", mutates_args=())
@@ -943,31 +1016,7 @@ def angle_scan_bwd(
                 f"{name} must match b (shape {tuple(b.shape)}, {b.dtype}, {b.device}), got shape "
                 f"{tuple(value.shape)}, {value.dtype}, {value.device}"
             )
-    theta, scale, gamma, h0, out, grad_out = (
-        x.contiguous() for x in (theta, scale, gamma, h0, out, grad_out)
-    )
-    perm, sgn, p2p = perm.contiguous(), sgn.contiguous(), p2p.contiguous()
-    batch, steps, heads, k = b.shape
-    meta = _meta(b, perm.shape[0])
-    flags = {"HAS_SCALE": int(bool(has_scale)), "HAS_DECAY": int(bool(has_decay))}
-    dtheta = torch.empty_like(theta)
-    dscale = torch.zeros_like(scale)
-    dgamma = torch.zeros_like(gamma)
-    db = torch.empty_like(out)
-    dh0 = torch.empty_like(h0)
-    plan = _plan(batch, steps, heads, k, meta["R"], b.device, b.element_size())
-    loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
-    if plan.strategy == "chunked":
-        chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
-        carries = _carries(plan, theta, scale, gamma, grad_out, h0, perm, sgn, p2p, meta, flags, reverse=1)
-        carry_in = 1
-    else:
-        chunks, chunk, carries, carry_in = 1, max(steps, 1), h0, 0
-    kernel, n_hblocks, tile = _replay(plan, heads, meta, _bwd_kernel, _pair_bwd_kernel)
-    launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p,
-           carries, dtheta, dscale, dgamma, db, dh0, steps, heads, n_hblocks, chunks, chunk, **tile, **flags,
-           CARRY_IN=carry_in, **loops)  # fmt: skip
-    return dtheta, dscale, dgamma, db, dh0
+    return _backward(theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p, has_scale, has_decay)
 
 
 def _setup_context(ctx: object, inputs: tuple[object, ...], output: Tensor) -> None:
@@ -976,11 +1025,53 @@ def _setup_context(ctx: object, inputs: tuple[object, ...], output: Tensor) -> N
     ctx.flags = (has_scale, has_decay)  # type: ignore[attr-defined]
 
 
-def _backward(ctx: object, grad: Tensor | None) -> tuple[Tensor | None, ...]:
+def _backward_op(ctx: object, grad: Tensor | None) -> tuple[Tensor | None, ...]:
     theta, scale, gamma, b, h0, out, perm, sgn, p2p = ctx.saved_tensors  # type: ignore[attr-defined]
     grad = torch.zeros_like(out) if grad is None else grad.to(out.dtype)
     grads = angle_scan_bwd(theta, scale, gamma, b, h0, out, grad, perm, sgn, p2p, *ctx.flags)  # type: ignore[attr-defined]
     return (*grads, None, None, None, None, None)
 
 
-angle_scan_fwd.register_autograd(_backward, setup_context=_setup_context)
+angle_scan_fwd.register_autograd(_backward_op, setup_context=_setup_context)
+
+
+def _eager(has_scale: int, has_decay: int) -> Callable[..., Tensor]:
+    """:func:`angle_scan_fwd` with the flags bound, on the eager path: saves theta, scale, gamma, h0, the
+    output and the layout (not b, which the adjoint does not read)."""
+    flags = (has_scale, has_decay)
+    name = f"AngleScan{'Scale' if has_scale else ''}{'Decay' if has_decay else ''}"
+
+    def backward(*saved: Tensor) -> tuple[Tensor | None, ...]:
+        theta, scale, gamma, h0, out, perm, sgn, p2p, grad = saved
+        grads = _backward(theta, scale, gamma, h0, out, grad.to(out.dtype), perm, sgn, p2p, *flags)
+        return (*grads, None, None, None)
+
+    return eager_path(
+        name,
+        lambda *x: angle_scan_fwd(*x, *flags),
+        lambda *x: _forward(*x, *flags),
+        backward,
+        lambda x, out: (x[0], x[1], x[2], x[4], out, x[5], x[6], x[7]),
+    )
+
+
+_EAGER = {(s, d): _eager(s, d) for s in (0, 1) for d in (0, 1)}
+
+
+def scan(
+    theta: Tensor,
+    scale: Tensor,
+    gamma: Tensor,
+    b: Tensor,
+    h0: Tensor,
+    perm: Tensor,
+    sgn: Tensor,
+    p2p: Tensor,
+    has_scale: int,
+    has_decay: int,
+) -> Tensor:
+    """``angle_scan_fwd(...)`` for the layers, eagerly without the op's dispatch
+    (:func:`~mingru_triton._launch.eager_path`). The inputs must have passed the op's checks
+    (``mingru_triton.impls.angle_scan_impl`` runs them): the eager bodies do not repeat them."""
+    path = _EAGER[int(bool(has_scale)), int(bool(has_decay))]
+    return path(theta, scale, gamma, b, h0, perm, sgn, p2p)

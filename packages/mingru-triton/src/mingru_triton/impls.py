@@ -190,7 +190,8 @@ def angle_scan_impl(
     has_scale: int,
     has_decay: int,
 ) -> Tensor:
-    """The angle-fused kernel behind the dispatch: every shape invariant is checked before any launch.
+    """The angle-fused kernel behind the dispatch: every shape invariant is checked before any launch, then
+    the op's bodies run eagerly where they may (:func:`mingru_triton.angle.scan`), else the op.
 
     theta (B, T, n, R, k/2); scale, gamma (B, T, n); b (B, T, n, k); h0 (B, n, k); perm, sgn, p2p (R, k).
     Returns h (B, T, n, k), differentiable. Raises ``ScanFallback`` (and only that) when the inputs do not
@@ -209,4 +210,4 @@ def angle_scan_impl(
     )
     flags = (int(bool(has_scale)), int(bool(has_decay)))
     args = (theta, scale, gamma, b, h0, perm, sgn, p2p, *flags)
-    return _run("angle", reason, lambda: angle.angle_scan_fwd(*args))
+    return _run("angle", reason, lambda: angle.scan(*args))
