@@ -309,6 +309,12 @@ def _from_bdt(out: Tensor) -> tuple[Tensor, ...]:
     return (out.transpose(1, 2),)
 
 
+def _angle_layers_path(*x: Tensor) -> Tensor:
+    """What the angle layers run: ``angle_scan_impl`` (checks, then the op's bodies eagerly in a
+    ``torch.autograd.Function``, without the ``torch.library`` dispatch), scale and decay on."""
+    return _ops().angle_scan_impl(*x, has_scale=1, has_decay=1)
+
+
 def _mingru_k1() -> Impl:
     return Impl("mingru", _layers_path("linear"), ours=True, gpu_only=False)
 
@@ -639,7 +645,7 @@ def build(eager: bool = False, full: bool = False) -> list[Case]:
                 make_angle,
                 angle_ref,
                 (
-                    Impl("mingru", lambda *x: _ops().angle_scan_fwd(*x, 1, 1), ours=True),
+                    Impl("mingru", _angle_layers_path, ours=True),
                     Impl(
                         "matrices + affine kernel",
                         angle_by_matrices,

@@ -3,7 +3,7 @@
 Both families walk their steps one after another inside a program, so their speed depends mostly on how T is
 cut into chunks (how many programs per SM) and on how each program's step loop is compiled. For each shape
 and dtype, every configuration of the grid replaces the kernel's own plan for one call of the layers' path
-(``affine.recurrence`` / ``affine_scan_fwd`` with ``--op scan``, or ``angle_scan_fwd`` with scale and decay),
+(``affine.recurrence`` / ``affine_scan_fwd`` with ``--op scan``, or ``angle.scan`` with scale and decay),
 forward or forward + backward:
 
 - affine: the chunked strategy with each ``--chunks`` length x ``--stages`` (``tl.range`` pipelining
@@ -187,7 +187,7 @@ class Sweep(Timer):
             layout = default_angle_layout(inputs[3].shape[-1], inputs[0].shape[-2])
             perm, sgn, p2p = (t.to(self.device) for t in layout)
             sgn = sgn.to(inputs[0].dtype)
-            op, args = (lambda *x: angle.angle_scan_fwd(*x, perm, sgn, p2p, 1, 1)), inputs
+            op, args = (lambda *x: angle.scan(*x, perm, sgn, p2p, 1, 1)), inputs
         outs = op(*(x.detach() for x in args))
         outs = [outs] if isinstance(outs, Tensor) else list(outs)
         gen = torch.Generator(device=self.device).manual_seed(1)
