@@ -217,7 +217,7 @@ def eager_path(
     name: str,
     op: Callable[..., Tensor],
     forward: Callable[..., Tensor],
-    backward: Callable[..., tuple[Tensor, ...]],
+    backward: Callable[..., tuple[Tensor | None, ...]],
     saved: Callable[[tuple[Tensor, ...], Tensor], tuple[Tensor, ...]],
 ) -> Callable[..., Tensor]:
     """``op`` (a ``triton_op`` of tensors with one output) with a cheaper eager path: where

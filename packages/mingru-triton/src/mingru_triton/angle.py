@@ -1038,20 +1038,24 @@ angle_scan_fwd.register_autograd(_backward_op, setup_context=_setup_context)
 def _eager(has_scale: int, has_decay: int) -> Callable[..., Tensor]:
     """:func:`angle_scan_fwd` with the flags bound, on the eager path: saves theta, scale, gamma, h0, the
     output and the layout (not b, which the adjoint does not read)."""
-    flags = (has_scale, has_decay)
     name = f"AngleScan{'Scale' if has_scale else ''}{'Decay' if has_decay else ''}"
+
+    def op(*inputs: Tensor) -> Tensor:
+        theta, scale, gamma, b, h0, perm, sgn, p2p = inputs
+        return angle_scan_fwd(theta, scale, gamma, b, h0, perm, sgn, p2p, has_scale, has_decay)
+
+    def forward(*inputs: Tensor) -> Tensor:
+        theta, scale, gamma, b, h0, perm, sgn, p2p = inputs
+        return _forward(theta, scale, gamma, b, h0, perm, sgn, p2p, has_scale, has_decay)
 
     def backward(*saved: Tensor) -> tuple[Tensor | None, ...]:
         theta, scale, gamma, h0, out, perm, sgn, p2p, grad = saved
-        grads = _backward(theta, scale, gamma, h0, out, grad.to(out.dtype), perm, sgn, p2p, *flags)
+        grad = grad.to(out.dtype)
+        grads = _backward(theta, scale, gamma, h0, out, grad, perm, sgn, p2p, has_scale, has_decay)
         return (*grads, None, None, None)
 
     return eager_path(
-        name,
-        lambda *x: angle_scan_fwd(*x, *flags),
-        lambda *x: _forward(*x, *flags),
-        backward,
-        lambda x, out: (x[0], x[1], x[2], x[4], out, x[5], x[6], x[7]),
+        name, op, forward, backward, lambda x, out: (x[0], x[1], x[2], x[4], out, x[5], x[6], x[7])
     )
 
 
