@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mingru.layers import MinGRU, MinGRUAngle, MinGRUDiag, MinGRULM, MinGRUMatrix, MinLSTM
-from mingru.layers._common import MIN_CHUNK_LEN, RECOMPUTE_CHUNK_BYTES
+from mingru.layers._common import MIN_CHUNK_LEN, RECOMPUTE_CHUNK_BYTES, ScalarGatedLayer
 
 DIM = 6
 CASES = {
@@ -133,6 +133,108 @@ def test_recompute_without_grad_runs_the_single_pass(name):
     assert calls == [(2, 11), (2, 11)]
     torch.testing.assert_close(y, y_plain, rtol=0, atol=0)
     torch.testing.assert_close(final, final_plain, rtol=0, atol=0)
+
+
+GATED = [name for name, (cls, _) in CASES.items() if issubclass(cls, ScalarGatedLayer)]
+
+
+def _count_by_hand(monkeypatch) -> list[str]:
+    """Record each call of the scalar layers' chunk forward and chunk adjoint that runs without autograd's
+    graph over the projections (by hand), and each that falls back to ``_forward``."""
+    calls: list[str] = []
+    forward, adjoint = ScalarGatedLayer._chunk_forward, ScalarGatedLayer._chunk_adjoint
+    fallback = ScalarGatedLayer._forward
+
+    def counted_forward(self, *args):
+        calls.append("forward")
+        return forward(self, *args)
+
+    def counted_adjoint(self, *args):
+        calls.append("adjoint")
+        return adjoint(self, *args)
+
+    def counted_fallback(self, *args):
+        calls.append("_forward")
+        return fallback(self, *args)
+
+    monkeypatch.setattr(ScalarGatedLayer, "_chunk_forward", counted_forward)
+    monkeypatch.setattr(ScalarGatedLayer, "_chunk_adjoint", counted_adjoint)
+    monkeypatch.setattr(ScalarGatedLayer, "_forward", counted_fallback)
+    return calls
+
+
+@pytest.mark.parametrize("name", GATED)
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "given-state"])
+def test_recompute_by_hand_equals_autograd_over_the_chunks(name, with_state, monkeypatch):
+    """The scalar layers' chunks run without autograd's graph over the projections (3 chunk forwards, 3
+    adjoints, no ``_forward``) and give what autograd over ``_forward`` gives, in float64 to 1e-12."""
+    plain, lean = pair(name, 4)
+    x = torch.randn(3, 11, DIM, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(3, *plain.state_shape, dtype=torch.float64, requires_grad=True) if with_state else None
+    y_weight, h_weight = torch.randn(3, 11, DIM, dtype=torch.float64), torch.randn(3, *plain.state_shape)
+    calls = _count_by_hand(monkeypatch)
+    by_hand = outputs_and_grads(lean, x, h0, y_weight, h_weight)
+    assert calls == ["forward"] * 3 + ["adjoint"] * 3
+    monkeypatch.setattr(ScalarGatedLayer, "_chunk_adjoint_ok", lambda self: False)
+    calls.clear()
+    autograd = outputs_and_grads(lean, x, h0, y_weight, h_weight)
+    assert calls == ["forward", "_forward"] * 3 + ["_forward"] * 3  # the fallbacks ran
+    single = outputs_and_grads(plain, x, h0, y_weight, h_weight)
+    for got, want, one in zip(
+        (*by_hand[:2], *by_hand[2]), (*autograd[:2], *autograd[2]), (*single[:2], *single[2]), strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12 * max(1.0, want.abs().max().item()))
+        torch.testing.assert_close(got, one, rtol=1e-10, atol=1e-10 * max(1.0, one.abs().max().item()))
+
+
+class _Halve(torch.nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return 0.5 * weight
+
+
+class _Doubled(MinGRU):
+    """A subclass with its own ``_forward``: the chunks must run it."""
+
+    def _forward(self, x, h0):
+        y, final = super()._forward(2.0 * x, h0)
+        return y, final
+
+
+@pytest.mark.parametrize("change", ["hook", "global-hook", "parametrization", "subclass"])
+def test_recompute_falls_back_to_autograd_where_the_projections_are_not_plain(change, monkeypatch):
+    """Module hooks (the projection's own or global), a parametrized weight or a subclass's ``_forward``:
+    every chunk runs ``_forward`` (hooks fire in the backward's recomputation too) and the gradients are the
+    single pass's, also those of a parametrization's original weight."""
+    cls = _Doubled if change == "subclass" else MinGRU
+    torch.manual_seed(0)
+    plain = cls(DIM, expansion=1.5).double()
+    lean = cls(DIM, expansion=1.5, recompute=True, chunk_len=4).double()
+    lean.load_state_dict(plain.state_dict())
+    seen: list[int] = []
+    handles = []
+    for layer in (plain, lean):
+        if change == "hook":
+            handles.append(layer.proj_out.register_forward_hook(lambda m, a, out: seen.append(out.shape[1])))
+        if change == "parametrization":
+            torch.nn.utils.parametrize.register_parametrization(layer.proj_in, "weight", _Halve())
+    if change == "global-hook":
+        handles.append(torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: None))
+    calls = _count_by_hand(monkeypatch)
+    try:
+        x = torch.randn(2, 10, DIM, dtype=torch.float64, requires_grad=True)
+        y_weight, h_weight = torch.randn(2, 10, DIM, dtype=torch.float64), torch.randn(2, plain.hidden)
+        want = outputs_and_grads(plain, x, None, y_weight, h_weight)
+        calls.clear()
+        seen.clear()
+        got = outputs_and_grads(lean, x, None, y_weight, h_weight)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert "adjoint" not in calls and calls.count("_forward") == 6, calls
+    if change == "hook":
+        assert seen == [4, 4, 2, 2, 4, 4]  # three chunks forward, then recomputed last to first
+    for g, w in zip((got[0], got[1], *got[2]), (want[0], want[1], *want[2]), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10 * max(1.0, w.abs().max().item()))
 
 
 def _saved_during_forward(layer, x, h0):

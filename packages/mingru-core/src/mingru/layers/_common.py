@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules import module as _module
+from torch.nn.utils import parametrize
 
 from mingru.dispatch import _dispatch_gated
 from mingru.layers._recompute import chunked_forward
@@ -109,6 +111,33 @@ class RecurrentLayer(nn.Module):
         """Shape of one example's state (the batch dimension excluded)."""
         raise NotImplementedError
 
+    def _chunk_forward(self, x: Tensor, h0: Tensor | None, y: Tensor) -> Tensor:
+        """One chunk of ``recompute=True``'s forward: ``_forward(x, h0)`` with its output written into ``y``
+        (a view ``(B, L, dim)``); returns the final state."""
+        y_chunk, final = self._forward(x, h0)
+        y.copy_(y_chunk)
+        return final
+
+    def _chunk_adjoint_ok(self) -> bool:
+        """Whether :meth:`_chunk_adjoint` may stand in for autograd over a recomputed chunk (False here: the
+        chunks of ``recompute=True`` run autograd over ``_forward``)."""
+        return False
+
+    def _chunk_adjoint(
+        self,
+        x: Tensor,
+        h0: Tensor | None,
+        d_y: Tensor,
+        d_final: Tensor,
+        need_x: bool,
+        need_h0: bool,
+        params: Sequence[Tensor],
+    ) -> tuple[Tensor | None, Tensor | None, list[Tensor | None]]:
+        """The gradients of one chunk of ``recompute=True``, recomputed from its input ``x (B, L, dim)`` and
+        initial state ``h0`` (None: zeros) against ``d_y (B, L, dim)`` and ``d_final`` (the final state's
+        gradient): ``(d x or None, d h0 or None, the gradient of each of params or None)``."""
+        raise NotImplementedError
+
     def init_state(
         self, batch: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
     ) -> Tensor:
@@ -191,6 +220,31 @@ class RecurrentLayer(nn.Module):
         if state.device != x.device:
             raise ValueError(f"{where}: state must be on the input's device {x.device}; got {state.device}")
         return state.to(state_dtype(x.dtype))
+
+
+def _flat(t: Tensor) -> Tensor:
+    """``t (B, L, n)`` as ``(B L, n)``."""
+    return t.reshape(-1, t.shape[-1])
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+    )
+
+
+def _global_module_hooks() -> bool:
+    """Whether any global module hook is registered (``torch.nn.modules.module.register_module_*_hook``)."""
+    names = (
+        "_global_forward_hooks",
+        "_global_forward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_backward_pre_hooks",
+    )
+    return any(getattr(_module, name, None) for name in names)
 
 
 def log_g(x: Tensor) -> Tensor:
@@ -288,6 +342,76 @@ class ScalarGatedLayer(RecurrentLayer):
         pre = self.proj_in(x)
         h = _dispatch_gated(self.mode, self.gated_kind, self._unfused, pre, h0)
         return self.proj_out(h.to(x.dtype)), h[:, -1].clone()
+
+    def _chunk_forward(self, x: Tensor, h0: Tensor | None, y: Tensor) -> Tensor:
+        """``_forward`` writing into ``y`` without the projections' modules where :meth:`_chunk_adjoint_ok`
+        holds and autocast is off (one cast-and-copy of the states into ``y`` with no output projection)."""
+        if torch.is_autocast_enabled(x.device.type) or not self._chunk_adjoint_ok():
+            return super()._chunk_forward(x, h0, y)
+        pre = nn.functional.linear(x, self.proj_in.weight, self.proj_in.bias)
+        h = _dispatch_gated(self.mode, self.gated_kind, self._unfused, pre, h0)
+        if isinstance(self.proj_out, nn.Linear):
+            y.copy_(nn.functional.linear(h.to(x.dtype), self.proj_out.weight, self.proj_out.bias))
+        else:
+            y.copy_(h)
+        return h[:, -1].clone()
+
+    def _chunk_adjoint_ok(self) -> bool:
+        """True for this class's ``_forward`` over plain ``nn.Linear`` / ``nn.Identity`` projections with no
+        module hooks (their own or global) and no parametrization: then :meth:`_chunk_adjoint` computes
+        what autograd over ``_forward`` would, without running the projections' modules."""
+        if type(self)._forward is not ScalarGatedLayer._forward or type(self.proj_in) is not nn.Linear:
+            return False
+        if type(self.proj_out) not in (nn.Linear, nn.Identity):
+            return False
+        for module in (self.proj_in, self.proj_out):
+            if parametrize.is_parametrized(module) or _has_hooks(module):
+                return False
+        return not _global_module_hooks()
+
+    def _chunk_adjoint(
+        self,
+        x: Tensor,
+        h0: Tensor | None,
+        d_y: Tensor,
+        d_final: Tensor,
+        need_x: bool,
+        need_h0: bool,
+        params: Sequence[Tensor],
+    ) -> tuple[Tensor | None, Tensor | None, list[Tensor | None]]:
+        """One recomputed chunk's gradients (see the base class) with autograd over the recurrence alone:
+        ``pre = x W_in^T + b_in`` without a graph, ``h`` from ``pre`` and ``h0`` as ``_forward`` runs it,
+        then by hand ``d h = d_y W_out`` (or ``d_y``) in the state dtype plus ``d_final`` at the last step,
+        ``(d pre, d h0)`` from the recurrence's adjoint, ``d x = d pre W_in``, ``d W_in = d pre^T x``,
+        ``d b_in`` the sum of ``d pre`` (and the output projection's likewise). The same products as autograd
+        over ``_forward`` takes, with fewer tensors and host operations per chunk."""
+        proj_in, proj_out = self.proj_in, self.proj_out
+        wanted = {id(p) for p in params}
+        grads: dict[int, Tensor] = {}
+        with torch.no_grad():
+            pre = nn.functional.linear(x, proj_in.weight, proj_in.bias)
+        pre.requires_grad_()
+        state = None if h0 is None else h0.detach().requires_grad_(need_h0)
+        with torch.enable_grad():
+            h = _dispatch_gated(self.mode, self.gated_kind, self._unfused, pre, state)
+        if isinstance(proj_out, nn.Linear):
+            if id(proj_out.weight) in wanted:
+                grads[id(proj_out.weight)] = _flat(d_y).t() @ _flat(h.detach().to(x.dtype))
+            if proj_out.bias is not None and id(proj_out.bias) in wanted:
+                grads[id(proj_out.bias)] = d_y.sum((0, 1))
+            d_h = (d_y @ proj_out.weight).to(h.dtype)
+        else:
+            d_h = d_y.to(h.dtype, copy=True)
+        d_h[:, -1] += d_final
+        inputs = [pre] if state is None or not need_h0 else [pre, state]
+        d_pre, *d_state = torch.autograd.grad(h, inputs, d_h)
+        del h, d_h
+        if id(proj_in.weight) in wanted:
+            grads[id(proj_in.weight)] = _flat(d_pre).t() @ _flat(x)
+        if proj_in.bias is not None and id(proj_in.bias) in wanted:
+            grads[id(proj_in.bias)] = d_pre.sum((0, 1))
+        d_x = d_pre @ proj_in.weight if need_x else None
+        return d_x, d_state[0] if d_state else None, [grads.get(id(p)) for p in params]
 
     def _step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         pre = self.proj_in(x_t).to(h.dtype)

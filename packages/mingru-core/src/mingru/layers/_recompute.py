@@ -51,8 +51,9 @@ class _ChunkedRecompute(torch.autograd.Function):
         for start in starts:
             if state is not None:
                 states.append(state)
-            y_chunk, state = layer._forward(x[:, start : start + chunk_len], state)
-            y[:, start : start + chunk_len] = y_chunk
+            state = layer._chunk_forward(
+                x[:, start : start + chunk_len], state, y[:, start : start + chunk_len]
+            )
         assert state is not None
         ctx.layer, ctx.chunk_len, ctx.has_h0 = layer, chunk_len, h0 is not None
         ctx.autocast = _autocast_state(x.device.type)
@@ -72,10 +73,33 @@ class _ChunkedRecompute(torch.autograd.Function):
         starts = chunk_starts(x.shape[1], chunk_len)
         autocast_enabled, autocast_dtype = ctx.autocast
         device_type = x.device.type
+        # Layers that can (plain projections, no hooks, no autocast) give a chunk's gradients themselves:
+        # autograd then runs over the recurrence alone, not over the projections and casts.
+        by_hand = not autocast_enabled and layer._chunk_adjoint_ok()
         for index in reversed(range(len(starts))):
             start = starts[index]
             # states holds the initial state of every chunk, but for chunk 0 when h0 is None (zeros)
             state_index = index if ctx.has_h0 else index - 1
+            if by_hand:
+                need_state = state_index >= 0 and (index > 0 or needs_h0)
+                if not (needs_x or need_state or wanted):
+                    continue
+                d_x_chunk, d_state, by_hand_grads = layer._chunk_adjoint(
+                    x[:, start : start + chunk_len],
+                    states[state_index] if state_index >= 0 else None,
+                    d_y[:, start : start + chunk_len],
+                    carry,
+                    needs_x,
+                    need_state,
+                    [params[i] for i in wanted],
+                )
+                if d_x is not None and d_x_chunk is not None:
+                    d_x[:, start : start + chunk_len] = d_x_chunk
+                if need_state and d_state is not None:
+                    carry = d_state
+                _accumulate(d_params, params, wanted, tuple(by_hand_grads))
+                del d_x_chunk, d_state, by_hand_grads
+                continue
             with (
                 torch.enable_grad(),
                 torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_enabled),
