@@ -257,7 +257,14 @@ def bench_smoke(session: nox.Session) -> None:
     )
     session.run("python", str(ROOT / "benchmarks" / "overhead.py"), "--smoke")
     session.run("python", str(ROOT / "benchmarks" / "strategies.py"), "--smoke")
-    session.run("python", str(ROOT / "benchmarks" / "layer_memory.py"), "--smoke", "--dtypes", "float32")
+    session.run(
+        "python",
+        str(ROOT / "benchmarks" / "layer_memory.py"),
+        "--smoke",
+        "--dtypes",
+        "float32",
+        "--autograd-chunks",
+    )
     session.run("python", str(ROOT / "benchmarks" / "fast_math.py"), "--smoke", "--dtypes", "float32")
 
 

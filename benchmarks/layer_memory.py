@@ -7,6 +7,9 @@ weights), as the single pass and with ``recompute=True`` at each chunk length ("
 one step over the least (input, output, their gradients, the weights and their gradients: what
 ``bench.py`` calls "mem x least"), and, as a time reference, the step's matrix products alone (the input
 projection and its two gradients; with recompute three of them plus the recomputed projection).
+``--autograd-chunks`` adds, per chunk length, the same step with each chunk's backward run by autograd over
+the layer's ``_forward`` (the path of layers with hooks or parametrized projections) instead of the layer's
+own chunk adjoint: an A/B of the two in one process.
 
     python benchmarks/layer_memory.py                                     # 8 x 4096 x 1024, on CUDA
     python benchmarks/layer_memory.py --shape 1x65536x1024 --chunks auto,1024,4096 --dtypes bfloat16
@@ -19,9 +22,11 @@ The plot draws, per dtype and mode, each configuration's step time against its p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,7 @@ import torch
 from torch import Tensor
 
 import mingru
+from mingru.layers._common import ScalarGatedLayer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,6 +46,24 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def _median_ms(fn: Any, args: argparse.Namespace) -> float:
     """``run.median_ms``: ``do_bench``'s median on CUDA; on the CPU (smoke) the median of three calls."""
     return run.median_ms(fn, cuda=args.device == "cuda", warmup=args.warmup, rep=args.rep)
+
+
+@contextlib.contextmanager
+def _autograd_chunks(on: bool) -> Iterator[None]:
+    """Within the block (if ``on``) the scalar layers' recompute chunks run autograd over ``_forward``."""
+    if not on:
+        yield
+        return
+    kept = ScalarGatedLayer.__dict__["_chunk_adjoint_ok"]
+    ScalarGatedLayer._chunk_adjoint_ok = _never  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ScalarGatedLayer._chunk_adjoint_ok = kept  # type: ignore[method-assign]
+
+
+def _never(self: ScalarGatedLayer) -> bool:
+    return False
 
 
 def step_rows(
@@ -57,21 +81,27 @@ def step_rows(
     least = 4 * x.nbytes + 2 * weight.nbytes  # x, y, their gradients; the weight and its gradient
     base = 2 * x.nbytes + weight.nbytes  # allocated before the step: x, grad_y, the weight
 
-    configs: list[tuple[str, torch.nn.Module, int | None]] = [("single pass", plain, None)]
+    configs: list[tuple[str, torch.nn.Module, int | None, bool]] = [("single pass", plain, None, False)]
     for chunk in chunks:
         chunk_len = None if chunk == "auto" else int(chunk)
         lean = mingru.MinGRU(dim, mode=mode, bias=False, recompute=True, chunk_len=chunk_len)
         lean = lean.to(device=device, dtype=dtype)
         lean.load_state_dict(plain.state_dict())
-        configs.append((f"recompute {chunk}", lean, lean.recompute_chunk_len(batch, dtype)))
+        configs.append((f"recompute {chunk}", lean, lean.recompute_chunk_len(batch, dtype), False))
+        if args.autograd_chunks:
+            label = f"recompute {chunk} (autograd chunks)"
+            configs.append((label, lean, lean.recompute_chunk_len(batch, dtype), True))
 
     rows = []
     reference: list[Tensor] | None = None
-    for label, layer, chunk_len in configs:
+    for label, layer, chunk_len, generic in configs:
         params: list[Tensor] = list(layer.parameters())
 
-        def step(layer: torch.nn.Module = layer, params: list[Tensor] = params) -> Any:
-            return torch.autograd.grad(layer(x)[0], [x, *params], grad_y)
+        def step(
+            layer: torch.nn.Module = layer, params: list[Tensor] = params, generic: bool = generic
+        ) -> Any:
+            with _autograd_chunks(generic):
+                return torch.autograd.grad(layer(x)[0], [x, *params], grad_y)
 
         grads = step()
         if reference is None:
@@ -168,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", default="auto,128,256,512,1024", help="chunk lengths; auto: the default")
     parser.add_argument("--rep", type=int, default=100, help="do_bench rep in ms")
     parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup in ms")
+    parser.add_argument(
+        "--autograd-chunks",
+        action="store_true",
+        help="also time each chunk length with autograd over _forward in every chunk's backward",
+    )
     parser.add_argument("--csv", type=Path, default=None, help="append the rows to this CSV")
     parser.add_argument("--smoke", action="store_true", help="CPU, 2x48x16, chunks auto,16: that it runs")
     parser.add_argument("--plot", type=Path, default=None, help="draw time against memory into this PNG")
