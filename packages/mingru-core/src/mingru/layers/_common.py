@@ -111,12 +111,17 @@ class RecurrentLayer(nn.Module):
         """Shape of one example's state (the batch dimension excluded)."""
         raise NotImplementedError
 
-    def _chunk_forward(self, x: Tensor, h0: Tensor | None, y: Tensor) -> Tensor:
-        """One chunk of ``recompute=True``'s forward: ``_forward(x, h0)`` with its output written into ``y``
-        (a view ``(B, L, dim)``); returns the final state."""
+    def _forward_chunks(self, x: Tensor) -> int:
+        """How many chunks of ``recompute=True`` one :meth:`_chunk_forward` call may take (1 here)."""
+        return 1
+
+    def _chunk_forward(self, x: Tensor, h0: Tensor | None, y: Tensor, chunk_len: int) -> list[Tensor]:
+        """``recompute=True``'s forward over ``x (B, L, dim)``, at most :meth:`_forward_chunks` chunks of
+        ``chunk_len`` steps: ``_forward(x, h0)`` with its output written into ``y`` (a view ``(B, L, dim)``);
+        returns the state after each chunk (here one chunk: the final state)."""
         y_chunk, final = self._forward(x, h0)
         y.copy_(y_chunk)
-        return final
+        return [final]
 
     def _chunk_adjoint_ok(self) -> bool:
         """Whether :meth:`_chunk_adjoint` may stand in for autograd over a recomputed chunk (False here: the
@@ -343,18 +348,33 @@ class ScalarGatedLayer(RecurrentLayer):
         h = _dispatch_gated(self.mode, self.gated_kind, self._unfused, pre, h0)
         return self.proj_out(h.to(x.dtype)), h[:, -1].clone()
 
-    def _chunk_forward(self, x: Tensor, h0: Tensor | None, y: Tensor) -> Tensor:
-        """``_forward`` writing into ``y`` without the projections' modules where :meth:`_chunk_adjoint_ok`
-        holds and autocast is off (one cast-and-copy of the states into ``y`` with no output projection)."""
-        if torch.is_autocast_enabled(x.device.type) or not self._chunk_adjoint_ok():
-            return super()._chunk_forward(x, h0, y)
+    def _by_hand(self, x: Tensor) -> bool:
+        return not torch.is_autocast_enabled(x.device.type) and self._chunk_adjoint_ok()
+
+    def _forward_chunks(self, x: Tensor) -> int:
+        """Two chunks per forward call where the chunks run by hand (:meth:`_chunk_adjoint_ok`, no autocast):
+        the forward's temporaries for two chunks (projection and states) are as large as the adjoint's for one
+        (those and their gradients), and the backward holds the output gradients besides, so the step's peak
+        stays in the backward while the forward makes half the calls."""
+        return 2 if self._by_hand(x) else 1
+
+    def _chunk_forward(self, x: Tensor, h0: Tensor | None, y: Tensor, chunk_len: int) -> list[Tensor]:
+        """``_forward`` writing into ``y`` without the projections' modules where the chunks run by hand (one
+        cast-and-copy of the states into ``y`` with no output projection), over as many chunks as
+        :meth:`_forward_chunks` gives; returns the state after each chunk."""
+        if not self._by_hand(x):
+            return super()._chunk_forward(x, h0, y, chunk_len)
         pre = nn.functional.linear(x, self.proj_in.weight, self.proj_in.bias)
         h = _dispatch_gated(self.mode, self.gated_kind, self._unfused, pre, h0)
         if isinstance(self.proj_out, nn.Linear):
             y.copy_(nn.functional.linear(h.to(x.dtype), self.proj_out.weight, self.proj_out.bias))
         else:
             y.copy_(h)
-        return h[:, -1].clone()
+        length = x.shape[1]
+        ends = [*range(chunk_len - 1, length - 1, chunk_len), length - 1]
+        if len(ends) == 1:
+            return [h[:, -1].clone()]
+        return list(h[:, ends].unbind(1))
 
     def _chunk_adjoint_ok(self) -> bool:
         """True for this class's ``_forward`` over plain ``nn.Linear`` / ``nn.Identity`` projections with no

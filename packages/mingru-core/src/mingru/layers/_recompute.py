@@ -48,13 +48,16 @@ class _ChunkedRecompute(torch.autograd.Function):
         y = x.new_empty(x.shape)
         state = h0
         states: list[Tensor] = []
-        for start in starts:
-            if state is not None:
-                states.append(state)
-            state = layer._chunk_forward(
-                x[:, start : start + chunk_len], state, y[:, start : start + chunk_len]
+        span = layer._forward_chunks(x) * chunk_len  # steps per forward call: one or more whole chunks
+        for start in range(0, x.shape[1], span):
+            ends = layer._chunk_forward(
+                x[:, start : start + span], state, y[:, start : start + span], chunk_len
             )
-        assert state is not None
+            for end in ends:
+                if state is not None:
+                    states.append(state)
+                state = end
+        assert state is not None and len(states) == len(starts) - (h0 is None)
         ctx.layer, ctx.chunk_len, ctx.has_h0 = layer, chunk_len, h0 is not None
         ctx.autocast = _autocast_state(x.device.type)
         ctx.save_for_backward(x, torch.stack(states) if states else None, *params)
