@@ -188,6 +188,23 @@ def test_recompute_by_hand_equals_autograd_over_the_chunks(name, with_state, mon
         torch.testing.assert_close(got, one, rtol=1e-10, atol=1e-10 * max(1.0, one.abs().max().item()))
 
 
+@pytest.mark.parametrize("steps", [8, 7, 4, 3])
+def test_recompute_forward_call_returns_small_states(steps):
+    """A forward call over two chunks (or what is left) returns the state after each chunk, equal to the
+    states of the sequence, in storage of their own (not views of the call's (B, L, H) states)."""
+    _, lean = pair("mingru-log-expansion1.5", 4)
+    x = torch.randn(2, steps, DIM, dtype=torch.float64)
+    y = torch.empty_like(x)
+    with torch.no_grad():
+        states = lean._chunk_forward(x, None, y, 4)
+        ends = [min(steps, 4), *([steps] if steps > 4 else [])]
+        for state, end in zip(states, ends, strict=True):
+            want = lean._forward(x[:, :end], None)[1]
+            torch.testing.assert_close(state, want, rtol=1e-12, atol=1e-12)
+            assert state.untyped_storage().nbytes() <= len(states) * state.numel() * state.element_size()
+        torch.testing.assert_close(y, lean._forward(x, None)[0], rtol=1e-12, atol=1e-12)
+
+
 class _Halve(torch.nn.Module):
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
         return 0.5 * weight

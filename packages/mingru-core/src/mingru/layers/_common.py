@@ -370,11 +370,13 @@ class ScalarGatedLayer(RecurrentLayer):
             y.copy_(nn.functional.linear(h.to(x.dtype), self.proj_out.weight, self.proj_out.bias))
         else:
             y.copy_(h)
-        length = x.shape[1]
-        ends = [*range(chunk_len - 1, length - 1, chunk_len), length - 1]
-        if len(ends) == 1:
-            return [h[:, -1].clone()]
-        return list(h[:, ends].unbind(1))
+        # The state after each chunk: steps chunk_len - 1, 2 chunk_len - 1, ... and the last. A strided slice,
+        # copied so that the states do not keep h alive (indexing with a list of steps would copy that list
+        # to the device and wait for it, about 0.5 ms of host time per call on an H200 host).
+        states = list(h[:, chunk_len - 1 :: chunk_len].clone().unbind(1))
+        if x.shape[1] % chunk_len:
+            states.append(h[:, -1].clone())
+        return states
 
     def _chunk_adjoint_ok(self) -> bool:
         """True for this class's ``_forward`` over plain ``nn.Linear`` / ``nn.Identity`` projections with no
