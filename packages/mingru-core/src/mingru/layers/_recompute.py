@@ -8,6 +8,11 @@ state, and backpropagates ``dy`` of the chunk plus the carried ``d state`` throu
 is the carry into the chunk before. ``dx`` is written chunk by chunk into one buffer and the parameter
 gradients are summed, so the backward holds one chunk's activations and gradients at a time.
 
+A layer may run its chunks itself (``RecurrentLayer._chunk_forward`` over one or more chunks per call,
+``_chunk_adjoint`` for one chunk's gradients where ``_chunk_adjoint_ok``): ``MinGRU`` and ``MinLSTM`` with
+plain projections recompute the projection without a graph and run autograd over the recurrence alone, and
+their forward takes two chunks per call; the others run ``_forward`` and autograd over it.
+
 Math: the chunks compose exactly (``h`` at the end of chunk c is the initial state of chunk c + 1), so the
 outputs and gradients equal the single pass up to the rounding of a different order of operations. Under
 ``torch.compile`` the same chunks run through ``torch.utils.checkpoint`` (autograd cannot run inside a
