@@ -215,7 +215,17 @@ runs = {row["run"] for row in rows}
 lost = [row for row in rows if "device context is lost" in row["status"]]
 assert len(rows) == 8 and len(runs) == 1 and len(lost) == 1, (len(rows), runs, len(lost))
 assert lost[0]["impl"].startswith("eager") and all(r["status"] == "ok" for r in rows if r["impl"] == "mingru")
+assert {row["ours"] for row in rows} == {"0", "1"}, {row["ours"] for row in rows}  # written as ints
 print(f"the run went on after the lost device: {len(rows)} rows, run {runs.pop()}")
+"""
+
+
+HOST_CHECK = """
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1], newline="")) if r["status"] == "ok" and r["ms"]]
+timed = [r for r in rows if "one timed call" not in r["note"]]
+assert timed and all(float(r["host_ms"]) > 0 for r in timed), [r["host_ms"] for r in timed][:5]
+print(f"host time per call in {len(timed)} of {len(rows)} timed rows")
 """
 
 
@@ -236,6 +246,7 @@ def bench_smoke(session: nox.Session) -> None:
     table.unlink(missing_ok=True)
     pin = ("--cpu", str(min(os.sched_getaffinity(0)))) if hasattr(os, "sched_getaffinity") else ()
     session.run("python", bench, "--smoke", *pin, "--csv", str(table), *session.posargs)
+    session.run("python", "-c", HOST_CHECK, str(table))
     session.run("python", bench, "--summary-from", str(table))
     session.run("python", bench, "--smoke", "--groups", "seed,diag", "--dtypes", "float32", "--warm", "2")
     # A CUDA error that leaves the device unusable, simulated at the second measurement (an eager baseline):
@@ -245,6 +256,7 @@ def bench_smoke(session: nox.Session) -> None:
     session.run("python", bench, "--smoke", "--groups", "seed", "--dtypes", "float32", "--eager",
                 "--simulate-lost-context", "2", "--csv", str(lost))  # fmt: skip
     session.run("python", "-c", LOST_CHECK, str(lost))
+    session.run("python", bench, "--summary-from", str(lost))  # the continued rows read back
     sweep = str(ROOT / "benchmarks" / "sweep.py")
     session.run("python", sweep, "--smoke", "--family", "linear")
     session.run("python", sweep, "--smoke", "--family", "scan", "--modes", "fwd,bwd")  # the adjoint alone

@@ -6,7 +6,9 @@ reference on a small case first (a wrong result is reported as ``wrong`` and not
 bandwidth and "x floor": the time over that of a device copy moving the least bytes the op must move,
 measured in the same run. With ``--graph`` each call is also replayed from a CUDA graph (``gpu_ms``: GPU
 time alone, without the host's launch path and without the L2 flush, so inputs that fit in L2 gain from
-it): where ``ms`` is well above ``gpu_ms`` the call is bound by host time. Rows append to a CSV (GPU name and
+it): where ``ms`` is well above ``gpu_ms`` the call is bound by host time. Every timed row also has
+``host_ms``, the host's time per call (back-to-back calls without waiting for the device): where ``ms`` is
+close to it, the host binds the row. Rows append to a CSV (GPU name and
 versions on every row); a summary table per case gives ours, the best peer, the ratio, x floor and the speed
 targets. Peers missing here are reported as ``not installed``.
 
@@ -47,7 +49,7 @@ import mingru
 FIELDS = (
     "run", "gpu", "torch", "triton", "mingru", "peers", "group", "op", "shape", "dtype", "mode", "impl",
     "ours", "status", "ms", "gbps", "x_floor", "floor_ms", "peak_mb", "least_mb", "mem_x_least", "check_err",
-    "error", "error_x_rounding", "first_call_s", "note", "gpu_ms", "gpu_x_floor", "row_s",
+    "error", "error_x_rounding", "first_call_s", "note", "gpu_ms", "gpu_x_floor", "row_s", "host_ms",
 )  # fmt: skip
 
 CHECK_LIMIT = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3, torch.float64: 1e-9}
@@ -243,6 +245,21 @@ class Runner:
         except Exception as exc:  # a call that cannot be captured (host syncs, CPU work, ...)
             self.sync()
             return None, f"no CUDA graph ({type(exc).__name__})"
+
+    def host_ms(self, fn: Callable[[], Any], calls: int = 5, rounds: int = 3) -> float:
+        """Host time of one call of ``fn``: the least over ``rounds`` of ``calls`` back-to-back calls, timed
+        from an idle device to the return of the last call, without waiting for the device to finish. A call
+        whose ``ms`` is close to this is bound by the host (launches, Python, autograd); one well above it
+        by the GPU. On the CPU (smoke runs) every call is synchronous and this is its whole time."""
+        best = math.inf
+        for _ in range(rounds):
+            self.sync()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best = min(best, (time.perf_counter() - start) / calls)
+        self.sync()
+        return best * 1e3
 
     def floor_ms(self, nbytes: int) -> float:
         """Median time of a device copy reading nbytes/2 and writing nbytes/2 (cached per size)."""
@@ -461,6 +478,7 @@ class Runner:
             self.slow[(case.op, impl.name, _dtype_name(dtype), mode)] = (ms, math.prod(shape))
         else:
             ms = self.time_ms(fn)
+            row["host_ms"] = self.host_ms(fn)
             gpu_ms, why = self.graph_ms(fn)
             if gpu_ms is not None:
                 row["gpu_ms"] = gpu_ms
@@ -607,6 +625,8 @@ class Runner:
 
 
 def _fmt(value: Any) -> Any:
+    if isinstance(value, bool):  # "ours" of a continuation's typed rows: written as the runner writes it
+        return int(value)
     if isinstance(value, float):
         return f"{value:.6g}"
     return "" if value is None else value
@@ -675,7 +695,8 @@ def summarize(rows: list[dict[str, Any]], with_targets: bool = True) -> list[dic
                 ratio = best["ms"] / ours["ms"]
             lines.append({
                 "case": f"{op} {shape}", "dtype": dtype, "mode": mode, "ours": ours_row["impl"],
-                "status": ours_row["status"], "ms": ours.get("ms"), "x_floor": ours.get("x_floor"),
+                "status": ours_row["status"], "ms": ours.get("ms"), "host_ms": ours.get("host_ms"),
+                "x_floor": ours.get("x_floor"),
                 "gpu_ms": ours.get("gpu_ms"), "gpu_x_floor": ours.get("gpu_x_floor"),
                 "mem_x_least": ours.get("mem_x_least"), "error": ours.get("error"),
                 "best_peer": best_name or "-", "peer_ms": best.get("ms") if best else None,
@@ -688,7 +709,10 @@ def summarize(rows: list[dict[str, Any]], with_targets: bool = True) -> list[dic
 
 
 def _metrics(row: dict[str, Any]) -> dict[str, Any]:
-    keys = ("ms", "x_floor", "gpu_ms", "gpu_x_floor", "peak_mb", "mem_x_least", "error", "error_x_rounding")
+    keys = (
+        "ms", "host_ms", "x_floor", "gpu_ms", "gpu_x_floor", "peak_mb", "mem_x_least", "error",
+        "error_x_rounding",
+    )  # fmt: skip
     return {k: row.get(k) for k in keys}
 
 
@@ -711,9 +735,10 @@ def render(
         f"Run {run_id} on {env['gpu']}; torch {env['torch']}, triton {env['triton']}, "
         f"mingru {env['mingru']}; peers: {env['peers']}",
         "",
-        "| case | dtype | mode | ours | ours ms | x floor | GPU ms | GPU x floor | best peer | peer ms | "
-        "peer x floor | peer/ours | mem x least | targets |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
+        "| case | dtype | mode | ours | ours ms | host ms | x floor | GPU ms | GPU x floor | best peer | "
+        "peer ms | peer x floor | peer/ours | mem x least | targets |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: "
+        "| --- |",
     ]
     for ln in lines:
         if ln["mode"] == "acc":
@@ -724,6 +749,7 @@ def render(
             peer_ms = _num(ln["peer_ms"], ".4f")
         out.append(
             f"| {ln['case']} | {ln['dtype']} | {ln['mode']} | {ln['ours']} | {ours_ms} | "
+            f"{_num(ln['host_ms'] if ln['mode'] != 'acc' else None, '.4f')} | "
             f"{_num(ln['x_floor'], '.2f')} | {_num(ln['gpu_ms'], '.4f')} | "
             f"{_num(ln['gpu_x_floor'], '.2f')} | {ln['best_peer']} | {peer_ms} | "
             f"{_num(ln['peer_x_floor'], '.2f')} | {_num(ln['speedup'], '.2f')} | "
@@ -1041,10 +1067,11 @@ def _typed(found: Iterable[dict[str, str]]) -> list[dict[str, Any]]:
     for raw in found:
         row: dict[str, Any] = dict(raw)
         for key, value in raw.items():
-            if key in _TEXT_FIELDS:
+            if key in _TEXT_FIELDS or key == "ours":
                 continue
             row[key] = None if value == "" else float(value)
-        row["ours"] = bool(row["ours"])
+        # "1"/"0"; "True"/"False" in CSVs whose continued rows were written before _fmt took bools
+        row["ours"] = raw["ours"] in ("1", "True")
         rows.append(row)
     return rows
 
