@@ -207,3 +207,91 @@ def test_layer_under_autocast_hands_the_bfloat16_projection_to_the_kernel(monkey
     for what, got, want in zip(names, results["triton"], results["eager"], strict=True):
         tol = 1e-5 if what in ("y", "final") else 2e-2  # gradients pass through bfloat16 d pre
         torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m, w=what: f"{w}: {m}")
+
+
+# -- the adjoint without autograd (the layers' recomputed chunks) -----------------------------------------
+
+
+def _adjoint_case(
+    kind: str, dtype: torch.dtype, batch: int, steps: int, hidden: int, grad_in_pre_dtype: bool
+):
+    """Inputs of :func:`gated.adjoint`: grad_h a time slice of a longer gradient (rows apart by more than
+    T H), in pre's dtype or the state dtype, and d_final; with the sum the op's adjoint takes."""
+    pre, h0 = _inputs(kind, batch, steps, hidden, dtype)
+    code = KINDS.index(kind)
+    h = gated.gated_recurrence_fwd(pre, h0, code)
+    generator = torch.Generator().manual_seed(2)
+    longer = torch.randn(batch, steps + 5, hidden, generator=generator, dtype=torch.float64)
+    grad_h = longer.to(device=pre.device, dtype=pre.dtype if grad_in_pre_dtype else h0.dtype)[
+        :, 3 : 3 + steps
+    ]
+    d_final = torch.randn(batch, hidden, generator=generator, dtype=torch.float64).to(pre.device, h0.dtype)
+    summed = grad_h.to(h0.dtype, copy=True)
+    summed[:, -1] += d_final
+    return code, pre, h0, h, grad_h, d_final, summed
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_adjoint_with_d_final_and_a_sliced_gradient_equals_the_op(kind, dtype):
+    """``adjoint`` on grad h (a time slice, in pre's dtype) plus d final equals the op's adjoint on their
+    sum in the state dtype: the same walk, so float64 to 1e-12 and the others to one rounding of d pre."""
+    for grad_in_pre_dtype in (True, False):
+        code, pre, h0, h, grad_h, d_final, summed = _adjoint_case(kind, dtype, 2, 13, 5, grad_in_pre_dtype)
+        assert not grad_h.is_contiguous()
+        got = gated.adjoint(code, pre, h0, h, grad_h, d_final)
+        want = gated.gated_recurrence_bwd(pre, h0, h, summed, code)
+        for what, out, ref in zip(("d pre", "d h0"), got, want, strict=True):
+            assert out.dtype == ref.dtype and out.shape == ref.shape, what
+            tol = 1e-12 if dtype == torch.float64 else (1e-6 if dtype == torch.float32 else 1e-2)
+            torch.testing.assert_close(out, ref, rtol=tol, atol=tol, msg=lambda m, w=what: f"{kind} {w}: {m}")
+    # without d_final it is the op's adjoint of grad h alone
+    got = gated.adjoint(code, pre, h0, h, grad_h, None)
+    want = gated.gated_recurrence_bwd(pre, h0, h, grad_h.to(h0.dtype).contiguous(), code)
+    for out, ref in zip(got, want, strict=True):
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
+@marked(on_interpreter)
+def test_adjoint_over_several_tiles_carries_d_final_from_the_last_step_only():
+    """Several tiles per row (a forced plan): d final enters at t = T - 1 and reaches earlier steps only
+    through the walk, as in the float64 reference of the summed gradient."""
+    code, pre, h0, h, grad_h, d_final, summed = _adjoint_case("gru-log", torch.float64, 2, 23, 13, False)
+    with gated.force_plan(gated.GatedPlan(8, 4, 1, 2)):
+        got = gated.adjoint(code, pre, h0, h, grad_h, d_final)
+        want = gated.gated_recurrence_bwd(pre, h0, h, summed, code)
+    for out, ref in zip(got, want, strict=True):
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+@marked(on_interpreter)
+def test_adjoint_errors_name_the_argument():
+    code, pre, h0, h, grad_h, d_final, _ = _adjoint_case("gru-log", torch.float32, 2, 5, 3, False)
+    with pytest.raises(ValueError, match=r"grad_h must be in the state dtype torch.float32 or pre's dtype"):
+        gated.adjoint(code, pre, h0, h, grad_h.double(), d_final)
+    with pytest.raises(ValueError, match=r"grad_h must have shape"):
+        gated.adjoint(code, pre, h0, h, grad_h[:, :4], d_final)
+    with pytest.raises(ValueError, match=r"d_final must have shape"):
+        gated.adjoint(code, pre, h0, h, grad_h, d_final[:1])
+    with pytest.raises(ValueError, match=r"d_final must be in the state dtype torch.float32"):
+        gated.adjoint(code, pre, h0, h, grad_h, d_final.double())
+
+
+def test_adjoint_off_the_eager_path_sums_the_gradient_for_the_op(monkeypatch):
+    """Traced or under a dispatch mode, ``adjoint`` hands the op its gradient summed in the state dtype
+    (grad h cast, d final added at the last step) instead of launching the kernel itself."""
+    seen = []
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check; nothing launches
+    monkeypatch.setattr(gated, "eager_fast_path", lambda *tensors: False)
+    monkeypatch.setattr(gated, "gated_recurrence_bwd", lambda *args: seen.append(args) or ("d pre", "d h0"))
+    pre = torch.randn(2, 7, 6, dtype=torch.bfloat16)
+    h0, h = torch.randn(2, 3), torch.randn(2, 7, 3)
+    grad_h = torch.randn(2, 9, 3, dtype=torch.bfloat16)[:, 1:8]
+    d_final = torch.randn(2, 3)
+    assert gated.adjoint(0, pre, h0, h, grad_h, d_final) == ("d pre", "d h0")
+    ((p, s, states, summed, kind),) = seen
+    assert p is pre and s is h0 and states is h and kind == 0
+    want = grad_h.float()
+    want[:, -1] += d_final
+    assert summed.dtype == torch.float32 and torch.equal(summed, want)

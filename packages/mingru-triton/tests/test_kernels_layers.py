@@ -164,3 +164,68 @@ def test_recompute_training_step_memory_on_cuda(mode, monkeypatch):
     for label, got, want in zip(["d x", "d W_in"], grads["recompute"], grads["plain"], strict=True):
         error = ((got - want).abs().max() / want.abs().max()).item()
         assert error <= 1e-5, f"{label}: recompute vs single pass {error:.2e}"
+
+
+def _recompute_grads(layer, x, h0, weight):
+    x = x.detach().requires_grad_()
+    h0 = None if h0 is None else h0.detach().requires_grad_()
+    y, final = layer(x, h0)
+    loss = (y * weight).sum() + final.square().sum()
+    inputs = [x, *([] if h0 is None else [h0]), *layer.parameters()]
+    return [y.detach(), final.detach(), *torch.autograd.grad(loss, inputs)]
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "with_state"),
+    [
+        (MinGRU, {"mode": "log"}, True),
+        (MinGRU, {"mode": "linear", "expansion": 1.5, "bias": True}, False),
+        (MinLSTM, {"mode": "log", "expansion": 0.5}, True),
+    ],
+    ids=["gru-log-state", "gru-linear-proj-out", "lstm-log-proj-out"],
+)
+def test_recompute_chunks_run_the_fused_adjoint_without_autograd(cls, kwargs, with_state, dtype, monkeypatch):
+    """Under the kernels a recomputed chunk's recurrence gradient comes from the plugin's adjoint
+    (``GATED_ADJOINTS``: grad h as a time slice in x's dtype, d final inside the kernel), once per chunk; it
+    equals the chunks differentiated by autograd (the same kernels), and a declining adjoint falls back to
+    that path."""
+    import mingru_triton
+    from mingru.layers._common import ScalarGatedLayer
+
+    monkeypatch.setenv("MINGRU_SCAN", "triton")
+    torch.manual_seed(0)
+    layer = cls(6, recompute=True, chunk_len=4, **kwargs).to(dtype)
+    x = torch.randn(2, 13, 6, dtype=dtype)
+    h0 = torch.randn(2, layer.hidden, dtype=torch.promote_types(dtype, torch.float32)) if with_state else None
+    weight = torch.linspace(-1, 1, 6, dtype=dtype)
+    kind = layer.gated_kind
+    fused = mingru_triton.GATED_ADJOINTS[kind]
+    calls: list[torch.dtype] = []
+
+    def counted(pre, state, h, grad_h, d_final):
+        calls.append(grad_h.dtype)
+        return fused(pre, state, h, grad_h, d_final)
+
+    monkeypatch.setitem(mingru_triton.GATED_ADJOINTS, kind, counted)
+    direct = _recompute_grads(layer, x, h0, weight)
+    assert calls == [dtype] * 4  # four chunks (4, 4, 4, 1), grad h in x's dtype
+
+    def declines(*args):
+        calls.append(None)
+        raise mingru_triton.ScanFallback("declined for the test")
+
+    monkeypatch.setitem(mingru_triton.GATED_ADJOINTS, kind, declines)
+    fallback = _recompute_grads(layer, x, h0, weight)
+    assert calls[4:] == [None] * 4
+    monkeypatch.setattr(ScalarGatedLayer, "_chunk_adjoint_ok", lambda self: False)
+    autograd = _recompute_grads(layer, x, h0, weight)
+    tol = 1e-12 if dtype == torch.float64 else 2e-2
+    for index, (a, b, c) in enumerate(zip(direct, fallback, autograd, strict=True)):
+        torch.testing.assert_close(
+            a, c, rtol=tol, atol=tol, msg=lambda m, i=index: f"direct, output {i}: {m}"
+        )
+        torch.testing.assert_close(
+            b, c, rtol=tol, atol=tol, msg=lambda m, i=index: f"fallback, output {i}: {m}"
+        )

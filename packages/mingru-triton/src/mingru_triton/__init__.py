@@ -3,7 +3,8 @@
 - :func:`available`: whether the kernels can run here (``True``) or why not (a reason string).
 - ``SCAN_IMPLS``: the four kernel entry points core's dispatch calls ("log", "linear", "affine", "diag");
   ``RECURRENCE_IMPLS``: the layers' fused-initial-state path; ``GATED_IMPLS``: MinGRU's and MinLSTM's
-  gates fused into the scan; :func:`angle_scan_impl`: the angle kernel.
+  gates fused into the scan, ``GATED_ADJOINTS`` their adjoints without autograd (the recomputed chunks);
+  :func:`angle_scan_impl`: the angle kernel.
 - The ``torch.library`` ops (namespace ``mingru``), forward and backward of every scan, differentiable and
   traceable by ``torch.compile``: ``linear_scan_fwd``/``_bwd``, ``parallel_scan_log_fwd``/``_bwd``,
   ``affine_scan_fwd``/``_bwd``, ``diag_scan_fwd``/``_bwd``, ``angle_scan_fwd``/``_bwd``, and the
@@ -43,6 +44,8 @@ RECURRENCE_IMPLS: dict[str, Callable[..., Any]] = {}
 """Fused-initial-state kernels ``(coefficients, values, h0) -> states``; empty where triton is absent."""
 GATED_IMPLS: dict[str, Callable[..., Any]] = {}
 """MinGRU/MinLSTM kernels with the gates fused, ``(pre, h0) -> states or None``; empty without triton."""
+GATED_ADJOINTS: dict[str, Callable[..., Any]] = {}
+"""Their adjoints, ``(pre, h0, h, grad_h, d_final) -> (d pre, d h0)``; empty without triton."""
 
 if _triton_import_error() is None:
     # `name as name`: explicit re-exports (the names are listed in __all__ below)
@@ -58,6 +61,7 @@ if _triton_import_error() is None:
     from mingru_triton.diag import diag_scan_fwd as diag_scan_fwd
     from mingru_triton.gated import gated_recurrence_bwd as gated_recurrence_bwd
     from mingru_triton.gated import gated_recurrence_fwd as gated_recurrence_fwd
+    from mingru_triton.impls import GATED_ADJOINTS as _GATED_ADJOINTS
     from mingru_triton.impls import GATED_IMPLS as _GATED_IMPLS
     from mingru_triton.impls import RECURRENCE_IMPLS as _RECURRENCE_IMPLS
     from mingru_triton.impls import SCAN_IMPLS as _SCAN_IMPLS
@@ -74,6 +78,7 @@ if _triton_import_error() is None:
     SCAN_IMPLS.update(_SCAN_IMPLS)
     RECURRENCE_IMPLS.update(_RECURRENCE_IMPLS)
     GATED_IMPLS.update(_GATED_IMPLS)
+    GATED_ADJOINTS.update(_GATED_ADJOINTS)
     _KERNEL_NAMES: tuple[str, ...] = (
         "affine_recurrence_bwd",
         "affine_recurrence_fwd",
@@ -101,7 +106,8 @@ else:
     _KERNEL_NAMES = ()
 
 __all__ = [
-    "GATED_IMPLS", "RECURRENCE_IMPLS", "SCAN_IMPLS", "ScanFallback", "__version__", "available",
+    "GATED_ADJOINTS", "GATED_IMPLS", "RECURRENCE_IMPLS", "SCAN_IMPLS", "ScanFallback", "__version__",
+    "available",
     *_KERNEL_NAMES,
 ]  # fmt: skip
 

@@ -36,7 +36,9 @@ from mingru._checks import check_float_tensor, check_shape
 from mingru_triton._launch import (
     _PLAIN,
     FLOAT_DTYPES,
+    _run_eagerly,
     cdiv,
+    eager_fast_path,
     eager_path,
     fast_math,
     grad_or_zeros,
@@ -49,6 +51,7 @@ from mingru_triton._math import fast_div, fast_exp, fast_rcp
 __all__ = [
     "KINDS",
     "GatedPlan",
+    "adjoint",
     "force_plan",
     "gated_envelope",
     "gated_plan",
@@ -193,14 +196,17 @@ def _gated_bwd_kernel(
     h0_ptr,
     h_ptr,
     dh_ptr,
+    dfinal_ptr,
     dpre_ptr,
     dh0_ptr,
     L,
     H,
     NJB,
+    DH_ROW,
     LSTM: tl.constexpr,
     LOG_G: tl.constexpr,
     NEG: tl.constexpr,
+    HAS_DFINAL: tl.constexpr,
     FAST: tl.constexpr,
     STAGES: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -210,7 +216,9 @@ def _gated_bwd_kernel(
     """Adjoint of :func:`_gated_fwd_kernel`, walking from t = L - 1 down to 0 (lane i of a tile is the
     i-th step back): g_t = dh_t + a_{t+1} g_{t+1}; with z = sigmoid(k) and h_{-1} = h0,
     d k = z (1 - z) g_t (g(v_t) - c h_{t-1}) (c = 2 for NEG, else 1), d v = g_t z g'(v_t); MinLSTM:
-    d f = -d k sigmoid(-f), d i = d k sigmoid(-i). d h0 = a_0 g_0."""
+    d f = -d k sigmoid(-f), d i = d k sigmoid(-i). d h0 = a_0 g_0. ``dh`` rows start DH_ROW elements apart
+    (L H where contiguous) and may be in any float dtype; HAS_DFINAL adds ``dfinal`` (R, H), the gradient
+    of the final state, to dh at t = L - 1 (the walk's carry starts at it, with 1 standing for a_L)."""
     pid = tl.program_id(0).to(tl.int64)
     r = pid // NJB
     jb = pid % NJB
@@ -224,6 +232,10 @@ def _gated_bwd_kernel(
     last = (lanes == BLOCK_T - 1)[:, None]
     h0 = _load(h0_ptr + r * H + offs_j, mask_j, FP64)
     carry = h0 * 0.0
+    if HAS_DFINAL:
+        carry = _load(dfinal_ptr + r * H + offs_j, mask_j, FP64)
+    # a_L, the coefficient after the last step: 1 carries dfinal into g_{L-1}; else 0 (the carry is 0 too).
+    past = 1.0 if HAS_DFINAL else 0.0
     d0 = h0 * 0.0
     for s0 in tl.range(0, L, BLOCK_T, num_stages=STAGES):
         t = L - 1 - s0 - lanes
@@ -231,12 +243,13 @@ def _gated_bwd_kernel(
         step = r * L + L - 1 - s0
         pptr = pre_ptr + step * width + pin
         hptr = h_ptr + step * H + hin
-        # a_{t+1}, from the pre-activations one step later; 0 past the end (the carry into it is 0).
+        dhptr = dh_ptr + r * DH_ROW + (L - 1 - s0) * H + hin
+        # a_{t+1}, from the pre-activations one step later; ``past`` at t = L - 1 and in the padding.
         nok = ((t >= 0) & (t + 1 < L))[:, None] & mask_j[None, :]
         kn, _, _ = _logits(pptr + width, nok, H, LSTM, FP64)
         z_next, zn_next = _gate(kn, FAST)
-        a_next = tl.where(nok, _coefficient(z_next, zn_next, NEG), 0.0)
-        p, g = tl.associative_scan((a_next, _load(dh_ptr + step * H + hin, m2, FP64)), 0, _compose)
+        a_next = tl.where(nok, _coefficient(z_next, zn_next, NEG), past)
+        p, g = tl.associative_scan((a_next, _load(dhptr, m2, FP64)), 0, _compose)
         g = g + p * carry[None, :]
         carry = tl.sum(tl.where(last, g, 0.0), axis=0)
         pok = (t >= 1)[:, None] & mask_j[None, :]
@@ -419,9 +432,22 @@ def _forward(pre: Tensor, h0: Tensor, kind: int) -> Tensor:
     return h
 
 
-def _backward(pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, kind: int) -> tuple[Tensor, Tensor]:
-    _check(pre, h0, kind, {"h": h, "grad_h": grad_h})
-    pre, h0, h, grad_h = pre.contiguous(), h0.contiguous(), h.contiguous(), grad_h.contiguous()
+def _backward(
+    pre: Tensor,
+    h0: Tensor,
+    h: Tensor,
+    grad_h: Tensor,
+    kind: int,
+    d_final: Tensor | None = None,
+    checked: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The adjoint's launch. Unless ``checked`` (by :func:`adjoint`: ``grad_h`` may be in pre's dtype, with
+    rows of any stride, and ``d_final`` given), ``grad_h`` must pass :func:`_check` with the states."""
+    if not checked:
+        _check(pre, h0, kind, {"h": h, "grad_h": grad_h})
+    pre, h0, h = pre.contiguous(), h0.contiguous(), h.contiguous()
+    if not _rows_of(grad_h, h.shape):
+        grad_h = grad_h.contiguous()
     rows, length, _ = pre.shape
     hidden = h0.shape[1]
     d_pre = torch.empty_like(pre)
@@ -429,11 +455,53 @@ def _backward(pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, kind: int) -> 
     plan = _plan(pre, kind, backward=True)
     njb = cdiv(hidden, plan.block_j)
     launch(
-        _gated_bwd_kernel, (rows * njb,), pre, h0, h, grad_h, d_pre, d_h0, length, hidden, njb,
-        **_flags(kind), FAST=fast_math(h0), STAGES=plan.num_stages, BLOCK_T=plan.block_t,
-        BLOCK_J=plan.block_j, FP64=is_fp64(h0), num_warps=plan.num_warps,
+        _gated_bwd_kernel, (rows * njb,), pre, h0, h, grad_h, d_final, d_pre, d_h0, length, hidden, njb,
+        grad_h.stride(0), **_flags(kind), HAS_DFINAL=int(d_final is not None), FAST=fast_math(h0),
+        STAGES=plan.num_stages, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(h0),
+        num_warps=plan.num_warps,
     )  # fmt: skip
     return d_pre, d_h0
+
+
+def _rows_of(x: Tensor, shape: torch.Size) -> bool:
+    """Whether ``x`` (of ``shape`` (B, T, H)) has contiguous (T, H) rows at any batch stride: the adjoint
+    kernel's layout of grad h (a time slice of a longer tensor qualifies)."""
+    return x.stride(2) == 1 and x.stride(1) == shape[2]
+
+
+def adjoint(
+    kind: int, pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, d_final: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The adjoint of ``h = recurrence(kind, pre, h0)`` for a caller that runs it without autograd (the
+    layers' recomputed chunks): ``grad_h`` (B, T, H) in the state dtype or in ``pre``'s dtype, read in place
+    where its (T, H) rows are contiguous (a time slice of a longer gradient), plus ``d_final`` (B, H) in the
+    state dtype, the gradient of the final state ``h[:, -1]``, or None. Returns (d pre (B, T, G H) in pre's
+    dtype, d h0 (B, H)): what :func:`gated_recurrence_bwd` returns for ``grad_h`` with ``d_final`` added at
+    the last step, without that sum in memory. Raises as :func:`gated_recurrence_bwd`."""
+    _check(pre, h0, kind, {"h": h})
+    grad_h = check_float_tensor("grad_h", grad_h, 3, "(B, T, H)")
+    check_shape("grad_h", grad_h, tuple(h.shape), "(B, T, H) like h")
+    if grad_h.dtype not in (h0.dtype, pre.dtype) or grad_h.device != pre.device:
+        raise ValueError(
+            f"grad_h must be in the state dtype {h0.dtype} or pre's dtype {pre.dtype} on {pre.device}, "
+            f"got {grad_h.dtype} on {grad_h.device}"
+        )
+    if d_final is not None:
+        d_final = check_float_tensor("d_final", d_final, 2, "(B, H)")
+        check_shape("d_final", d_final, tuple(h0.shape), "(B, H) like h0")
+        if d_final.dtype != h0.dtype or d_final.device != pre.device:
+            raise ValueError(
+                f"d_final must be in the state dtype {h0.dtype} on {pre.device}, "
+                f"got {d_final.dtype} on {d_final.device}"
+            )
+        d_final = d_final.contiguous()
+    tensors = (pre, h0, h, grad_h) if d_final is None else (pre, h0, h, grad_h, d_final)
+    if not eager_fast_path(*tensors):  # traced, or under a dispatch mode: the op, on the summed gradient
+        grad = grad_h.to(h0.dtype, copy=True)
+        if d_final is not None:
+            grad.select(1, -1).add_(d_final)
+        return gated_recurrence_bwd(pre, h0, h, grad, kind)
+    return _run_eagerly(_backward, (pre, h0, h, grad_h, kind, d_final, True))
 
 
 @triton_op("mingru::gated_recurrence_fwd", mutates_args=())

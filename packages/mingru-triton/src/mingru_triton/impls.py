@@ -5,7 +5,8 @@
 - ``RECURRENCE_IMPLS``: the layers' path, ``(coefficients, values, h0) -> states`` with the initial state
   fused into the kernel and only the states written.
 - ``GATED_IMPLS``: MinGRU's and MinLSTM's path, ``(pre, h0) -> states`` with the gates fused into the scan
-  as well, or None for shapes left to the unfused path (few chains, long T).
+  as well, or None for shapes left to the unfused path (few chains, long T); ``GATED_ADJOINTS`` their
+  adjoints for callers that run them without autograd (the layers' recomputed chunks).
 - :func:`angle_scan_impl`: the angle-fused kernel behind ``mingru.min_gru._dispatch_angle_scan``.
 
 Each wrapper raises ``ScanFallback`` with the reason when the inputs are outside the kernel's envelope
@@ -25,7 +26,7 @@ from mingru.scans.angle import check_angle_inputs
 from mingru_triton import affine, angle, diag, gated, linear, log
 from mingru_triton._launch import FLOAT_DTYPES, common_case, num_sms, on_kernel_device
 
-__all__ = ["GATED_IMPLS", "RECURRENCE_IMPLS", "SCAN_IMPLS", "angle_scan_impl"]
+__all__ = ["GATED_ADJOINTS", "GATED_IMPLS", "RECURRENCE_IMPLS", "SCAN_IMPLS", "angle_scan_impl"]
 
 
 def _common_envelope(op: str, tensors: dict[str, Tensor]) -> str | None:
@@ -172,6 +173,27 @@ GATED_IMPLS: dict[str, Callable[[Tensor, Tensor], Tensor | None]] = {
 "lstm-linear"): ``(pre (B, T, G H), h0 (B, H) in the state dtype) -> h (B, T, H)``, or None for shapes left
 to the unfused path (:func:`mingru_triton.gated.leaves_to_unfused`); ``ScanFallback``
 outside the envelope or on a failed launch."""
+
+
+def _gated_adjoint(kind: int) -> Callable[..., tuple[Tensor, Tensor]]:
+    op = "log" if gated.KINDS[gated.KIND_NAMES[kind]][1] else "linear"
+
+    def run(
+        pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, d_final: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        return _run(op, None, lambda: gated.adjoint(kind, pre, h0, h, grad_h, d_final))
+
+    run.__name__ = run.__qualname__ = f"gated_{gated.KIND_NAMES[kind].replace('-', '_')}_adjoint"
+    return run
+
+
+GATED_ADJOINTS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    name: _gated_adjoint(kind) for kind, name in enumerate(gated.KIND_NAMES)
+}
+"""The adjoints of :data:`GATED_IMPLS` for callers that run them without autograd (the layers' recomputed
+chunks): ``(pre, h0, h, grad_h, d_final) -> (d pre, d h0)``, ``grad_h`` in the state dtype or pre's,
+``d_final`` (B, H) or None added at the last step (:func:`mingru_triton.gated.adjoint`); ``ScanFallback`` on
+bad inputs or a failed launch."""
 
 
 # -- the angle scan ---------------------------------------------------------------------------------------
