@@ -407,3 +407,41 @@ def test_fused_gates_kernel_is_skipped_by_eager_and_by_cpu_without_the_interpret
         monkeypatch.delenv("TRITON_INTERPRET")
     layer(torch.randn(2, 5, 4))
     assert kernel.calls == [] and len(unfused) == 1
+
+
+class GatedAdjoint:
+    """A stand-in for ``GATED_ADJOINTS[kind]``: records its inputs, returns d pre of ones and d h0 of 2.0."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def __call__(self, pre, h0, h, grad_h, d_final):
+        self.calls.append((pre.shape, h.shape, grad_h.clone(), d_final.clone()))
+        return torch.ones_like(pre), torch.full_like(h0, 2.0)
+
+
+def test_recompute_chunks_take_the_plugins_adjoint_without_autograd(monkeypatch):
+    """With ``GATED_ADJOINTS`` beside ``GATED_IMPLS`` a recomputed chunk's recurrence gradient is the
+    adjoint's: called once per chunk from the last, with d_y's slice in x's dtype and the carried d final
+    (the final state's gradient, then each later chunk's d h0); d x = d pre W_in per chunk, d h0 the first
+    chunk's."""
+    kernel, adjoint = GatedKernel(), GatedAdjoint()
+    layer, unfused = _gated_layer_call(monkeypatch, kernel, mode="triton", dtype=torch.float64)
+    triton_scans._BACKEND.GATED_ADJOINTS = {"gru-log": adjoint}
+    layer.recompute, layer.chunk_len = True, 2
+    x = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    y, final = layer(x, h0)
+    d_x, d_h0, d_w = torch.autograd.grad(y.sum() + 3.0 * final.sum(), [x, h0, layer.proj_in.weight])
+    assert [shape for shape, *_ in adjoint.calls] == [(2, 1, 8), (2, 2, 8), (2, 2, 8)]  # last chunk first
+    assert all(h_shape == (2, pre[1], 4) for pre, h_shape, *_ in adjoint.calls)
+    for _, _, grad_h, _ in adjoint.calls:
+        assert grad_h.dtype == torch.float64 and torch.equal(grad_h, torch.ones_like(grad_h))
+    carried = [d_final for *_, d_final in adjoint.calls]
+    assert torch.equal(carried[0], torch.full((2, 4), 3.0, dtype=torch.float64))
+    assert all(torch.equal(c, torch.full((2, 4), 2.0, dtype=torch.float64)) for c in carried[1:])
+    w_in = layer.proj_in.weight
+    torch.testing.assert_close(d_x, torch.ones(2, 5, 8, dtype=torch.float64) @ w_in)
+    torch.testing.assert_close(d_h0, torch.full((2, 4), 2.0, dtype=torch.float64))
+    torch.testing.assert_close(d_w, torch.ones(10, 8, dtype=torch.float64).t() @ x.detach().reshape(10, 4))
+    assert unfused == []

@@ -272,6 +272,36 @@ def _dispatch_gated(
     return unfused(pre, h0) if h is None else h
 
 
+def _gated_without_autograd(
+    op: str, kind: str, pre: Tensor, h0: Tensor | None
+) -> tuple[Tensor, Tensor, Callable[..., tuple[Tensor, Tensor]]] | None:
+    """``(h, state, adjoint)`` where :func:`_dispatch_gated` would run the plugin's fused-gates kernel and the
+    plugin also gives its adjoint (``GATED_ADJOINTS[kind](pre, state, h, grad_h, d_final) -> (d pre,
+    d state)``): the states from that kernel without a graph, the initial state it took (zeros for None)
+    and the adjoint, for a caller that differentiates by hand (the layers' recomputed chunks). None
+    elsewhere, and where the kernel leaves the shape to the unfused path or declines (the caller then runs
+    :func:`_dispatch_gated` under autograd, which warns or raises as the mode says)."""
+    if _choose(op, pre.device.type, scan_mode()).impl != "triton":
+        return None
+    kernel = _gated_kernel_for(kind)
+    adjoints = getattr(_backend(), "GATED_ADJOINTS", None)
+    adjoint = adjoints.get(kind) if isinstance(adjoints, dict) else None
+    if kernel is None or adjoint is None:
+        return None
+    g = 3 if kind.startswith("lstm") else 2
+    state = (
+        h0
+        if h0 is not None
+        else pre.new_zeros((pre.shape[0], pre.shape[2] // g), dtype=compute_dtype(pre.dtype))
+    )
+    try:
+        with torch.no_grad():
+            h = kernel(pre, state)
+    except ScanFallback:
+        return None
+    return None if h is None else (h, state, adjoint)
+
+
 def _state_shape(op: str, values: Tensor) -> tuple[int, ...]:
     """The initial-state shape of recurrence ``op`` for its ``values`` input: (B, D) or (B, n, k, v)."""
     if op in ("log", "linear"):

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as _module
 from torch.nn.utils import parametrize
 
-from mingru.dispatch import _dispatch_gated
+from mingru.dispatch import ScanFallback, _dispatch_gated, _gated_without_autograd
 from mingru.layers._recompute import chunked_forward
 from mingru.min_gru import linear_recurrence, log_recurrence
 
@@ -401,39 +401,77 @@ class ScalarGatedLayer(RecurrentLayer):
         need_h0: bool,
         params: Sequence[Tensor],
     ) -> tuple[Tensor | None, Tensor | None, list[Tensor | None]]:
-        """One recomputed chunk's gradients (see the base class) with autograd over the recurrence alone:
-        ``pre = x W_in^T + b_in`` without a graph, ``h`` from ``pre`` and ``h0`` as ``_forward`` runs it,
-        then by hand ``d h = d_y W_out`` (or ``d_y``) in the state dtype plus ``d_final`` at the last step,
-        ``(d pre, d h0)`` from the recurrence's adjoint, ``d x = d pre W_in``, ``d W_in = d pre^T x``,
-        ``d b_in`` the sum of ``d pre`` (and the output projection's likewise). The same products as autograd
-        over ``_forward`` takes, with fewer tensors and host operations per chunk."""
+        """One recomputed chunk's gradients (see the base class) by hand: ``pre = x W_in^T + b_in`` without a
+        graph, ``h`` from ``pre`` and ``h0`` as ``_forward`` runs it, ``d h = d_y W_out`` (or ``d_y``) plus
+        ``d_final`` at the last step, ``(d pre, d h0)`` from the recurrence's adjoint (the fused kernel's
+        without autograd where the plugin gives it, else autograd over the recurrence alone:
+        :meth:`_chunk_recurrence_grads`), ``d x = d pre W_in``, ``d W_in = d pre^T x``, ``d b_in`` the sum of
+        ``d pre`` (and the output projection's likewise). The same products as autograd over ``_forward``
+        takes, with fewer tensors and host operations per chunk."""
         proj_in, proj_out = self.proj_in, self.proj_out
         wanted = {id(p) for p in params}
         grads: dict[int, Tensor] = {}
+        x = x.contiguous()  # a time slice: one copy, read by the projection and by d W_in as it is
+        d_y = d_y.contiguous() if isinstance(proj_out, nn.Linear) else d_y
         with torch.no_grad():
             pre = nn.functional.linear(x, proj_in.weight, proj_in.bias)
-        pre.requires_grad_()
-        state = None if h0 is None else h0.detach().requires_grad_(need_h0)
-        with torch.enable_grad():
-            h = _dispatch_gated(self.mode, self.gated_kind, self._unfused, pre, state)
-        if isinstance(proj_out, nn.Linear):
-            if id(proj_out.weight) in wanted:
-                grads[id(proj_out.weight)] = _flat(d_y).t() @ _flat(h.detach().to(x.dtype))
-            if proj_out.bias is not None and id(proj_out.bias) in wanted:
-                grads[id(proj_out.bias)] = d_y.sum((0, 1))
-            d_h = (d_y @ proj_out.weight).to(h.dtype)
-        else:
-            d_h = d_y.to(h.dtype, copy=True)
-        d_h[:, -1] += d_final
-        inputs = [pre] if state is None or not need_h0 else [pre, state]
-        d_pre, *d_state = torch.autograd.grad(h, inputs, d_h)
-        del h, d_h
+        d_pre, d_state = self._chunk_recurrence_grads(pre, h0, d_y, d_final, need_h0, wanted, grads)
         if id(proj_in.weight) in wanted:
             grads[id(proj_in.weight)] = _flat(d_pre).t() @ _flat(x)
         if proj_in.bias is not None and id(proj_in.bias) in wanted:
             grads[id(proj_in.bias)] = d_pre.sum((0, 1))
         d_x = d_pre @ proj_in.weight if need_x else None
-        return d_x, d_state[0] if d_state else None, [grads.get(id(p)) for p in params]
+        return d_x, d_state, [grads.get(id(p)) for p in params]
+
+    def _chunk_recurrence_grads(
+        self,
+        pre: Tensor,
+        h0: Tensor | None,
+        d_y: Tensor,
+        d_final: Tensor,
+        need_h0: bool,
+        wanted: set[int],
+        grads: dict[int, Tensor],
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(d pre, d h0 or None)`` of one chunk, the output projection's gradients into ``grads``. Where
+        the plugin gives the fused kernel and its adjoint (:func:`mingru.dispatch._gated_without_autograd`)
+        they run without autograd: ``d h = d_y W_out`` (or the slice ``d_y`` itself) reaches the adjoint in
+        x's dtype and ``d_final`` joins it inside the kernel. Elsewhere autograd over the dispatched
+        recurrence, on ``d h`` in the state dtype with ``d_final`` added at the last step."""
+        direct = _gated_without_autograd(self.mode, self.gated_kind, pre, h0)
+        if direct is not None:
+            h, state, adjoint = direct
+            d_out = self._chunk_output_grads(d_y, h, pre.dtype, wanted, grads)
+            try:
+                d_pre, d_h0 = adjoint(pre, state, h, d_out, d_final)
+            except ScanFallback:
+                grads.clear()  # the autograd path below gives them again
+            else:
+                return d_pre, d_h0 if h0 is not None and need_h0 else None
+        pre.requires_grad_()
+        leaf = None if h0 is None else h0.detach().requires_grad_(need_h0)
+        with torch.enable_grad():
+            h = _dispatch_gated(self.mode, self.gated_kind, self._unfused, pre, leaf)
+        d_out = self._chunk_output_grads(d_y, h.detach(), pre.dtype, wanted, grads)
+        d_h = d_out.to(h.dtype, copy=d_out is d_y)  # written in place below
+        d_h[:, -1] += d_final
+        inputs = [pre] if leaf is None or not need_h0 else [pre, leaf]
+        d_pre, *d_states = torch.autograd.grad(h, inputs, d_h)
+        return d_pre, d_states[0] if d_states else None
+
+    def _chunk_output_grads(
+        self, d_y: Tensor, h: Tensor, dtype: torch.dtype, wanted: set[int], grads: dict[int, Tensor]
+    ) -> Tensor:
+        """The output projection's part of :meth:`_chunk_adjoint`: its parameters' gradients into
+        ``grads`` (those ``wanted``) and ``d h = d_y W_out`` in ``dtype``, or ``d_y`` without a projection."""
+        proj_out = self.proj_out
+        if not isinstance(proj_out, nn.Linear):
+            return d_y
+        if id(proj_out.weight) in wanted:
+            grads[id(proj_out.weight)] = _flat(d_y).t() @ _flat(h.to(dtype))
+        if proj_out.bias is not None and id(proj_out.bias) in wanted:
+            grads[id(proj_out.bias)] = d_y.sum((0, 1))
+        return d_y @ proj_out.weight
 
     def _step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         pre = self.proj_in(x_t).to(h.dtype)
