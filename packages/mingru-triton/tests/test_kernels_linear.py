@@ -253,8 +253,8 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
     second block mostly masked) x 32 steps (64 for 2-byte types) with two channels per thread and the
     carry folded into a tile's first step, backward 64 (or 32 for 2-byte types) channels x 64 steps,
     float32 with the carry folded; seven tiles per row (four for 64 steps), the last partial. The same for
-    the running product (A, Bc) and its adjoint, whose 32-channel tiles leave the third channel block
-    mostly masked."""
+    the running product (A, Bc) and its adjoint, whose 32-channel tiles (all but float32) leave the third
+    channel block mostly masked."""
     shape = (1, 200, 80)
     itemsize = torch.empty((), dtype=dtype).element_size()
     with linear.force_strategy("pipelined"):
@@ -269,11 +269,15 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
         assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages, bwd.columns) == (
             "pipelined", wide, 64, 3, columns)  # fmt: skip
         _check_recurrence(shape, dtype)
-        # the running product: 64 x 32 forward; backward 32 channels x 64 steps (at most 64 off CUDA)
+        # the running product: the same forward tiles; backward 64 channels x 64 steps with the carry folded
+        # in float32, else 32 channels (at most 64 steps off CUDA)
         xf = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True)
         xb = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True, backward=True)
-        assert (xf.strategy, xf.block_j, xf.block_t, xf.num_warps, xf.columns) == ("pipelined", 64, 32, 1, 2)
-        assert (xb.strategy, xb.block_j, xb.block_t, xb.num_warps, xb.columns) == ("pipelined", 32, 64, 4, 0)
+        assert (xf.strategy, xf.block_j, xf.block_t, xf.num_warps, xf.columns) == (
+            "pipelined", 64, steps, 1, 2)  # fmt: skip
+        x_wide = 64 if itemsize == 4 else 32
+        assert (xb.strategy, xb.block_j, xb.block_t, xb.num_warps, xb.columns) == (
+            "pipelined", x_wide, 64, 4, columns)  # fmt: skip
         _check_scan(shape, dtype)
 
 
@@ -427,10 +431,12 @@ def test_pipelined_heuristic() -> None:
     )  # v > 1
     assert linear.scan_plan(8, 4096, 1024, 1, 4, single_pass=True).strategy == "lookback"  # the log scan
     assert linear.scan_plan(8, 4096, 1024, 1, 4).strategy == "sequential"  # running product, no walk asked
-    # the running product (linear_scan_fwd / _bwd): one warp forward, two value columns backward
-    for itemsize in (4, 2):
-        assert walk(8, 4096, 1024, itemsize, x=True) == ("pipelined", 64, 32, 1, 4, 2)
-        assert walk(8, 4096, 1024, itemsize, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
+    # the running product (linear_scan_fwd / _bwd): the forward tiles of the recurrence on one warp; two value
+    # columns backward on four warps, float32 with the carry folded into 64-channel tiles
+    assert walk(8, 4096, 1024, 4, x=True) == ("pipelined", 64, 32, 1, 4, 2)
+    assert walk(8, 4096, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
+    assert walk(8, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 64, 64, 4, 3, 4)
+    assert walk(8, 4096, 1024, 2, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
     assert walk(4, 4096, 1024, 4, x=True) == ("sequential",)  # 64 chains; no single pass for X
     with linear.force_strategy("pipelined"):
         assert linear.scan_plan(8, 4096, 1024, 4, 4, pipelined=True).strategy == "sequential"  # v > 1

@@ -958,11 +958,15 @@ def scan_plan(
       2 x SMs chains of 32 channels 32 x 128. On an H200 (GPU time, ms; forward / backward):
       (8, 16384, 1024) float32 0.386 / 0.684 against 0.490 / 0.745 for the single-pass kernel, bfloat16
       0.262 / 0.501 against 0.429 / 0.521 (64 x 32 forward: 0.285).
-    - with the running product (not ``single_pass``): forward 64 x 32 on one warp, 4 stages, two channels
-      per thread; backward (two value columns) 32 x 64 on four warps, 3 stages. H200, (8, 16384, 1024),
-      forward / backward: float32 0.530 / 0.843 against 1.246 / 2.354 for the sequential plan, bfloat16
-      0.359 / 0.790 against 1.092 / 1.702 (3 forward stages: 0.616 and 0.430; float32 backward 32 x 128,
-      2 stages: 0.893).
+    - with the running product (not ``single_pass``): the recurrence's forward tiles (64 x 32, 2-byte types
+      64 x 64, one warp, 4 stages, two channels per thread); backward (two value columns) float32 64 x 64 on
+      four warps, 3 stages, the carry folded in (four channels per thread), 2-byte types 32 x 64 likewise
+      without the fold. H200, (8, 16384, 1024), forward / backward: float32 0.530 / 0.843 against 1.246 /
+      2.354 for the sequential plan, bfloat16 0.359 / 0.790 against 1.092 / 1.702 (3 forward stages: 0.616
+      and 0.430; float32 backward 32 x 128, 2 stages: 0.893). Against the former 64 x 32 bfloat16 forward
+      and 32 x 64 float32 backward (GPU time, ms, T = 4096 / 16384 / 65536): bfloat16 forward 0.082 / 0.317
+      / 1.250 against 0.088 / 0.340 / 1.492, float32 backward 0.243 / 0.971 / 3.893 against 0.257 / 1.031 /
+      4.138 (a bfloat16 backward of 64 channels: 1.4x-1.5x slower).
 
     ``single_pass``: the scan needs no running product (X), so for k = 1 the single-pass ``lookback``
     kernel can take it (see :data:`LOOKBACK_MIN_CHAINS`). Its tile (channels x steps, warps), each
@@ -1085,12 +1089,10 @@ def _pipelined_tile(
     """(BLOCK_J, BLOCK_T, warps, stages, channels per thread) of the pipelined walk; see :func:`scan_plan`.
     ``with_x``: the scan also carries the running product (forward) or its adjoint (backward)."""
     width = next_pow2(max(dj, 1))
-    if with_x and not backward:
-        return min(64, width), 32, 1, 4, 2
     if not backward:
         return min(64, width), 64 if itemsize <= 2 else 32, 1, 4, 2
     if with_x:
-        return min(32, width), 64, 4, 3, 0
+        return (min(64, width), 64, 4, 3, 4) if itemsize == 4 else (min(32, width), 64, 4, 3, 0)
     if itemsize <= 2 and rows * cdiv(max(dj, 1), 32) <= 2 * sms:
         return min(32, width), 128, 4, 3, 0
     return min(64, width), 64, 4, 3, 4 if itemsize == 4 else 0
