@@ -295,3 +295,22 @@ def test_adjoint_off_the_eager_path_sums_the_gradient_for_the_op(monkeypatch):
     want = grad_h.float()
     want[:, -1] += d_final
     assert summed.dtype == torch.float32 and torch.equal(summed, want)
+
+
+@marked(on_cuda)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_adjoint_on_cuda_equals_the_op_and_names_bad_arguments(kind, dtype):
+    """On CUDA (where one cheap test stands in for the checks) the adjoint of a sliced gradient plus d final
+    equals the op on their sum, and a gradient of another dtype or a d final of another shape is named."""
+    for grad_in_pre_dtype in (True, False):
+        code, pre, h0, h, grad_h, d_final, summed = _adjoint_case(kind, dtype, 3, 300, 40, grad_in_pre_dtype)
+        got = gated.adjoint(code, pre, h0, h, grad_h, d_final)
+        want = gated.gated_recurrence_bwd(pre, h0, h, summed, code)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        for out, ref in zip(got, want, strict=True):
+            torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match=r"grad_h must be in the state dtype"):
+        gated.adjoint(code, pre, h0, h, grad_h.double(), d_final)
+    with pytest.raises(ValueError, match=r"d_final must have shape"):
+        gated.adjoint(code, pre, h0, h, grad_h, d_final[:2])

@@ -469,15 +469,27 @@ def _rows_of(x: Tensor, shape: torch.Size) -> bool:
     return x.stride(2) == 1 and x.stride(1) == shape[2]
 
 
-def adjoint(
-    kind: int, pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, d_final: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """The adjoint of ``h = recurrence(kind, pre, h0)`` for a caller that runs it without autograd (the
-    layers' recomputed chunks): ``grad_h`` (B, T, H) in the state dtype or in ``pre``'s dtype, read in place
-    where its (T, H) rows are contiguous (a time slice of a longer gradient), plus ``d_final`` (B, H) in the
-    state dtype, the gradient of the final state ``h[:, -1]``, or None. Returns (d pre (B, T, G H) in pre's
-    dtype, d h0 (B, H)): what :func:`gated_recurrence_bwd` returns for ``grad_h`` with ``d_final`` added at
-    the last step, without that sum in memory. Raises as :func:`gated_recurrence_bwd`."""
+def _adjoint_common_case(
+    pre: Tensor, h0: Tensor, kind: int, h: Tensor, grad_h: Tensor, d_final: Tensor | None
+) -> bool:
+    """:func:`_common_case` for :func:`adjoint`'s inputs: one cheap test before the checks that name what is
+    wrong (grad h like h in the state dtype or pre's, d final like h0 or None)."""
+    if not _common_case(pre, h0, kind, {"h": h}) or type(grad_h) not in _PLAIN:
+        return False
+    if grad_h.shape != h.shape or grad_h.dtype not in (h0.dtype, pre.dtype) or grad_h.device != pre.device:
+        return False
+    return d_final is None or (
+        type(d_final) in _PLAIN
+        and d_final.shape == h0.shape
+        and d_final.dtype == h0.dtype
+        and d_final.device == pre.device
+    )
+
+
+def _check_adjoint(
+    pre: Tensor, h0: Tensor, kind: int, h: Tensor, grad_h: Tensor, d_final: Tensor | None
+) -> None:
+    """Raise ValueError/TypeError naming what is wrong with :func:`adjoint`'s inputs."""
     _check(pre, h0, kind, {"h": h})
     grad_h = check_float_tensor("grad_h", grad_h, 3, "(B, T, H)")
     check_shape("grad_h", grad_h, tuple(h.shape), "(B, T, H) like h")
@@ -494,6 +506,20 @@ def adjoint(
                 f"d_final must be in the state dtype {h0.dtype} on {pre.device}, "
                 f"got {d_final.dtype} on {d_final.device}"
             )
+
+
+def adjoint(
+    kind: int, pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, d_final: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The adjoint of ``h = recurrence(kind, pre, h0)`` for a caller that runs it without autograd (the
+    layers' recomputed chunks): ``grad_h`` (B, T, H) in the state dtype or in ``pre``'s dtype, read in place
+    where its (T, H) rows are contiguous (a time slice of a longer gradient), plus ``d_final`` (B, H) in the
+    state dtype, the gradient of the final state ``h[:, -1]``, or None. Returns (d pre (B, T, G H) in pre's
+    dtype, d h0 (B, H)): what :func:`gated_recurrence_bwd` returns for ``grad_h`` with ``d_final`` added at
+    the last step, without that sum in memory. Raises as :func:`gated_recurrence_bwd`."""
+    if not _adjoint_common_case(pre, h0, kind, h, grad_h, d_final):
+        _check_adjoint(pre, h0, kind, h, grad_h, d_final)
+    if d_final is not None:
         d_final = d_final.contiguous()
     tensors = (pre, h0, h, grad_h) if d_final is None else (pre, h0, h, grad_h, d_final)
     if not eager_fast_path(*tensors):  # traced, or under a dispatch mode: the op, on the summed gradient
