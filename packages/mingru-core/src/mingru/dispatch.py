@@ -235,10 +235,24 @@ def _dispatch_recurrence(
     return compose(_REFERENCES[op][1], coeffs, values, h0)
 
 
+def _gated_entry(registry: str, kind: str) -> Callable[..., Any] | None:
+    """The plugin's entry for recurrence ``kind`` in its dict ``registry`` (``GATED_IMPLS``: the fused-gates
+    kernel, ``GATED_ADJOINTS``: its adjoint; both optional in a plugin)."""
+    impls = getattr(_backend(), registry, None)
+    return impls.get(kind) if isinstance(impls, dict) else None
+
+
 def _gated_kernel_for(kind: str) -> Callable[..., Any] | None:
     """The plugin's fused-gates kernel for recurrence ``kind`` (``GATED_IMPLS``; optional in a plugin)."""
-    impls = getattr(_backend(), "GATED_IMPLS", None)
-    return impls.get(kind) if isinstance(impls, dict) else None
+    return _gated_entry("GATED_IMPLS", kind)
+
+
+def _gated_state(kind: str, pre: Tensor, h0: Tensor | None) -> Tensor:
+    """The initial state the fused kernels take: ``h0``, or zeros (B, H) in the state dtype of ``pre``."""
+    if h0 is not None:
+        return h0
+    g = 3 if kind.startswith("lstm") else 2
+    return pre.new_zeros((pre.shape[0], pre.shape[2] // g), dtype=compute_dtype(pre.dtype))
 
 
 def _dispatch_gated(
@@ -258,9 +272,7 @@ def _dispatch_gated(
     kernel = _gated_kernel_for(kind) if _choose(op, pre.device.type, mode).impl == "triton" else None
     if kernel is None:
         return unfused(pre, h0)
-    g = 3 if kind.startswith("lstm") else 2
-    state_shape = (pre.shape[0], pre.shape[2] // g)
-    state = h0 if h0 is not None else pre.new_zeros(state_shape, dtype=compute_dtype(pre.dtype))
+    state = _gated_state(kind, pre, h0)
     try:
         h = kernel(pre, state)
     except ScanFallback as exc:
@@ -283,17 +295,10 @@ def _gated_without_autograd(
     :func:`_dispatch_gated` under autograd, which warns or raises as the mode says)."""
     if _choose(op, pre.device.type, scan_mode()).impl != "triton":
         return None
-    kernel = _gated_kernel_for(kind)
-    adjoints = getattr(_backend(), "GATED_ADJOINTS", None)
-    adjoint = adjoints.get(kind) if isinstance(adjoints, dict) else None
+    kernel, adjoint = _gated_kernel_for(kind), _gated_entry("GATED_ADJOINTS", kind)
     if kernel is None or adjoint is None:
         return None
-    g = 3 if kind.startswith("lstm") else 2
-    state = (
-        h0
-        if h0 is not None
-        else pre.new_zeros((pre.shape[0], pre.shape[2] // g), dtype=compute_dtype(pre.dtype))
-    )
+    state = _gated_state(kind, pre, h0)
     try:
         with torch.no_grad():
             h = kernel(pre, state)
