@@ -11,6 +11,9 @@ three ways on CUDA:
 - ``do_bench``: the median of ``triton.testing.do_bench`` (what ``bench.py`` reports);
 - ``graph``: the median of ``triton.testing.do_bench_cudagraph`` (replayed from a CUDA graph: GPU time only).
 
+mingru's calls are timed with their launch recipes (``mingru_triton._recipes``: each op body's launches
+replayed without its Python) and, marked "no recipes", without them (the bodies run at each call).
+
 ``wall`` well above ``graph`` at a small shape means the call is bound by host time. ``--profile NAME`` adds a
 ``cProfile`` table (the functions with the most own time) of the calls whose name contains NAME, to show
 where that host time goes. ``--smoke`` runs on the CPU under the Triton interpreter with wall times only
@@ -25,6 +28,7 @@ where that host time goes. ``--smoke`` runs on the CPU under the Triton interpre
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -43,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mingru_triton import linear, log
+from mingru_triton import _recipes, linear, log
 
 SHAPES = "8x16x1024,8x1024x1024,8x16384x1024"
 
@@ -114,7 +118,7 @@ def per_call_us(fn: Callable[[], Any], n: int, cuda: bool) -> tuple[float, float
 def measure(name: str, fn: Callable[[], Any], args: argparse.Namespace, cuda: bool) -> str:
     wall, cpu = per_call_us(fn, args.calls, cuda)
     if not cuda:
-        return f"{name:28} wall {wall:10.1f} us   cpu {cpu:10.1f} us"
+        return f"{name:36} wall {wall:10.1f} us   cpu {cpu:10.1f} us"
     from triton.testing import do_bench, do_bench_cudagraph
 
     bench = do_bench(fn, warmup=10, rep=args.rep, return_mode="median") * 1e3
@@ -122,7 +126,7 @@ def measure(name: str, fn: Callable[[], Any], args: argparse.Namespace, cuda: bo
         graph = f"{do_bench_cudagraph(fn, rep=args.rep, return_mode='median') * 1e3:10.1f} us"
     except Exception as exc:  # a call that cannot be captured in a CUDA graph
         graph = f"not captured ({type(exc).__name__})"
-    return f"{name:28} wall {wall:10.1f} us   cpu {cpu:10.1f} us   do_bench {bench:10.1f} us   graph {graph}"
+    return f"{name:36} wall {wall:10.1f} us   cpu {cpu:10.1f} us   do_bench {bench:10.1f} us   graph {graph}"
 
 
 def profile(fn: Callable[[], Any], n: int, cuda: bool, top: int = 22) -> str:
@@ -140,6 +144,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=300, help="calls in the wall-clock loop")
     parser.add_argument("--rep", type=int, default=30, help="do_bench rep in ms")
     parser.add_argument("--profile", default=None, metavar="NAME", help="cProfile calls named like NAME")
+    parser.add_argument(
+        "--recipes",
+        choices=("both", "on", "off"),
+        default="both",
+        help="time mingru's calls with their launch recipes (on), without (off: the op bodies), or both",
+    )
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, one tiny shape")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -160,9 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for shape in args.shapes:
         print(f"\n{'x'.join(map(str, shape))}")
         for name, fn in calls(shape, device, with_peer).items():
-            print("  " + measure(name, fn, args, cuda), flush=True)
-            if args.profile is not None and args.profile in name:
-                print(profile(fn, args.calls, cuda), flush=True)
+            ours = name.startswith("mingru")
+            for recipes in ("on", "off") if ours and args.recipes == "both" else (args.recipes,):
+                label = f"{name}, no recipes" if ours and recipes == "off" else name
+                with _recipes.overriding() if ours and recipes == "off" else contextlib.nullcontext():
+                    print("  " + measure(label, fn, args, cuda), flush=True)
+                    if args.profile is not None and args.profile in label:
+                        print(profile(fn, args.calls, cuda), flush=True)
     return 0
 
 

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 pytest.importorskip("mingru_triton.linear")
 
-from mingru_triton import _launch, affine, angle, diag, linear, log
+from mingru_triton import _launch, _recipes, affine, angle, diag, linear, log
 
 
 def _linear_inputs(gen: torch.Generator) -> tuple[Tensor, ...]:
@@ -435,12 +435,14 @@ class TestDirectLaunch:
     pytestmark = on_cuda
 
     def test_same_bits_as_triton_launches(self, dtype: torch.dtype) -> None:
-        """Cached launches give the bits of Triton's own launches, and the cache is used."""
+        """Cached launches and replayed recipes give the bits of Triton's own launches, and the cache is
+        used."""
         for name, run in _cuda_calls(dtype):
             with _launch.via_triton():
                 want = run()
-            first, second = run(), run()  # the first fills the cache, the second launches from it
-            for got in (first, second):
+            # the first fills the launch cache, the second launches from it and records each body's
+            # recipe, the others replay it
+            for got in [run() for _ in range(4)]:
                 for g, w in zip(got, want, strict=True):
                     assert torch.equal(g, w), name
         assert _launch._LAUNCHES.kernels
@@ -451,6 +453,7 @@ class TestDirectLaunch:
         fresh = _launch._Launches()
         fresh.first_launch()
         monkeypatch.setattr(_launch, "_LAUNCHES", fresh)
+        _recipes.clear()  # recipes recorded by other tests would launch without the fresh cache
         kernels = {linear._pipelined_kernel, linear._scan_kernel, linear._lookback_kernel}
         counts: dict[Any, int] = {}
         for kernel in kernels:

@@ -6,7 +6,9 @@ traces into one graph node. Where ``wrap_triton`` would only pass the call on (a
 on real tensors), the kernel is called directly, which saves building the wrapper on every launch (about
 40 us on an H200 host), and a kernel Triton has compiled for the same argument kinds is launched from a
 cache (:func:`launch`). Real CPU tensors under ``TRITON_INTERPRET=1`` call the kernel directly too, since
-torch releases before 2.13 refuse interpreted kernels inside ``wrap_triton``.
+torch releases before 2.13 refuse interpreted kernels inside ``wrap_triton``. Op bodies that run nothing but
+allocations and such cached launches are replayed from recipes per kind of input
+(:mod:`mingru_triton._recipes`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -27,6 +30,7 @@ from torch.autograd.function import once_differentiable
 from torch.library import wrap_triton
 
 from mingru.dispatch import ScanFallback, interpret_requested
+from mingru_triton import _recipes
 
 # False while a triton_op body runs eagerly on real tensors (wrap_triton then calls the kernel itself). A
 # torch without it always goes through wrap_triton inside the ops.
@@ -51,12 +55,18 @@ _EAGER = threading.local()
 """``on`` is True while this thread runs an op's body eagerly (:func:`_run_eagerly`)."""
 
 
+def direct_launches() -> bool:
+    """Whether :func:`launch` calls CUDA kernels directly here (an op body running eagerly), not through
+    ``wrap_triton``."""
+    return getattr(_EAGER, "on", False) or not _wrap_enabled()
+
+
 def launch(kernel: Any, grid: Grid, *args: Any, **meta: Any) -> None:
     """Launch a ``@triton.jit`` ``kernel`` on ``grid``: through ``wrap_triton`` while tracing, directly when
     ``wrap_triton`` would pass the call on unchanged or for real CPU tensors under the Triton interpreter.
     A direct CUDA launch whose argument kinds Triton has compiled before skips Triton's own launch path
     (:class:`_Launches`)."""
-    if getattr(_EAGER, "on", False) or not _wrap_enabled() or _direct(args):
+    if direct_launches() or _direct(args):
         _LAUNCHES.launch(kernel, grid, args, meta)  # interpreted kernels: Triton's own call
     else:
         wrap_triton(kernel)[grid](*args, **meta)
@@ -97,14 +107,26 @@ class _Launches:
     def launch(self, kernel: Any, grid: Any, args: tuple[Any, ...], meta: dict[str, Any]) -> None:
         key = self.key(kernel, grid, args, meta) if self.enabled and not self.off else None
         if key is None:
+            recorder = _recipes.recorder()
+            if recorder is not None:
+                recorder.fail("a launch through Triton")
             kernel[grid](*args, **meta)
             if self.driver is None and self.enabled and type(kernel) is triton.JITFunction:
                 self.first_launch()
             return
         entry = self.kernels.get(key)
+        recorder = _recipes.recorder()
         if entry is None:
             self.remember(key, kernel, kernel[grid](*args, **meta), len(args), meta)
+            if recorder is not None:
+                entry = self.kernels.get(key)
+                if entry is None:
+                    recorder.fail("a launch Triton's launcher cannot repeat")
+                else:
+                    recorder.launch(entry, grid, args)
             return
+        if recorder is not None:
+            recorder.launch(entry, grid, args)
         launcher, function, packed, tail = entry
         size, stream = len(grid), self.driver.get_current_stream(key[1])
         launcher(
@@ -112,16 +134,18 @@ class _Launches:
             None, None, *args, *tail,
         )  # fmt: skip
 
+    def replayable(self) -> bool:
+        """Whether launches may skip Triton now: the cache is on, a launch through Triton has made its driver
+        active, and no launch hook is set."""
+        return self.enabled and not self.off and self.driver is not None and _no_hooks()
+
     def key(
         self, kernel: Any, grid: Any, args: tuple[Any, ...], meta: dict[str, Any]
     ) -> tuple[Any, ...] | None:
         """The launch signature, or None where Triton must launch the call itself."""
         if type(grid) is not tuple or type(kernel) is not triton.JITFunction or kernel.pre_run_hooks:
             return None
-        runtime = triton.knobs.runtime
-        if not (_idle(runtime.launch_enter_hook) and _idle(runtime.launch_exit_hook)):
-            return None
-        if getattr(runtime, "add_stages_inspection_hook", None) is not None:
+        if not _no_hooks():
             return None
         kinds: list[Any] = []
         add = kinds.append
@@ -139,7 +163,8 @@ class _Launches:
         if self.driver is None:
             return None  # no launch through Triton yet: its driver is not active
         device = self.driver.get_current_device()
-        settings = (runtime.debug, getattr(triton.knobs.compilation, "instrumentation_mode", None))
+        knobs = triton.knobs
+        settings = (knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None))
         return (kernel, device, len(grid), tuple(kinds), tuple(meta), tuple(meta.values()), settings)
 
     def remember(
@@ -173,6 +198,14 @@ def _idle(hook: Any) -> bool:
     return hook is None or getattr(hook, "calls", None) == []
 
 
+def _no_hooks() -> bool:
+    """Whether Triton has no launch hook and no stage-inspection hook set (profilers and tools set them)."""
+    runtime = triton.knobs.runtime
+    if not (_idle(runtime.launch_enter_hook) and _idle(runtime.launch_exit_hook)):
+        return False
+    return getattr(runtime, "add_stages_inspection_hook", None) is None
+
+
 _LAUNCHES = _Launches()
 
 
@@ -182,7 +215,8 @@ def via_triton() -> Iterator[None]:
     the two launches' bits, benchmarks time them)."""
     _LAUNCHES.off.append(None)
     try:
-        yield
+        with _recipes.overriding():
+            yield
     finally:
         _LAUNCHES.off.pop()
 
@@ -281,7 +315,8 @@ def plain_math() -> Iterator[None]:
     two paths' bits, benchmarks time them)."""
     _PLAIN_MATH.append(None)
     try:
-        yield
+        with _recipes.overriding():
+            yield
     finally:
         _PLAIN_MATH.pop()
 
@@ -347,3 +382,6 @@ def num_sms(device: torch.device) -> int:
 def grad_or_zeros(grad: Tensor | None, like: Tensor) -> Tensor:
     """An incoming output gradient, or zeros shaped like ``like`` for an output the loss did not use."""
     return torch.zeros_like(like) if grad is None else grad
+
+
+_recipes.bind(sys.modules[__name__])

@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
+from mingru_triton import _recipes
 from mingru_triton._launch import cdiv, eager_path, launch, next_pow2, num_sms, on_kernel_device, sqrt_chunk
 
 __all__ = [
@@ -371,7 +372,8 @@ def force_strategy(name: str, chunk: int | None = None) -> Iterator[None]:
         raise ValueError(f"chunk must be a positive int, got {chunk}")
     previous, _forced = _forced, (name, chunk)
     try:
-        yield
+        with _recipes.overriding():
+            yield
     finally:
         _forced = previous
 

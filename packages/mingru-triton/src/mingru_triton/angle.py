@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru.scans.angle import check_angle_inputs
+from mingru_triton import _recipes
 from mingru_triton._launch import (
     cdiv,
     eager_path,
@@ -92,7 +93,8 @@ def force_strategy(name: str) -> Iterator[None]:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r}")
     _FORCED.append(name)
     try:
-        yield
+        with _recipes.overriding():
+            yield
     finally:
         _FORCED.pop()
 

@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_shape
+from mingru_triton import _recipes
 from mingru_triton._launch import (
     _PLAIN,
     FLOAT_DTYPES,
@@ -307,7 +308,8 @@ def force_plan(plan: GatedPlan) -> Iterator[None]:
             raise ValueError(f"{name} must be a power of two >= 1, got {value}")
     _FORCED.append(plan)
     try:
-        yield
+        with _recipes.overriding():
+            yield
     finally:
         _FORCED.pop()
 

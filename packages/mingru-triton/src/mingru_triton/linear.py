@@ -50,6 +50,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
+from mingru_triton import _recipes
 from mingru_triton._launch import (
     cdiv,
     common_case,
@@ -924,7 +925,8 @@ def force_strategy(name: str, chunk: int | None = None, block_t: int | None = No
         raise ValueError(f"block_t must be a power of two, got {block_t}")
     _FORCED.append((name, chunk, block_t))
     try:
-        yield
+        with _recipes.overriding():
+            yield
     finally:
         _FORCED.pop()
 
@@ -1186,7 +1188,8 @@ def sparse_final_states(every: int) -> Iterator[None]:
         raise ValueError(f"every must be >= 1, got {every}")
     _SPARSE.append(every)
     try:
-        yield
+        with _recipes.overriding():
+            yield
     finally:
         _SPARSE.pop()
 
@@ -1478,6 +1481,21 @@ def linear_scan_fwd(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     A_t = a_t ... a_1 and Bc_t = a_t Bc_{t-1} + b_t (Bc_0 = 0); fp32 accumulation (fp64 for fp64).
     Raises TypeError/ValueError on bad dtypes, shapes, devices or outside :func:`linear_envelope`.
     """
+    return _scan_fwd(a, b)
+
+
+def _btd_kind(first: Tensor, *same: Tensor) -> Any:
+    """The recipe key of valid (B, T, D) inputs of one shape, dtype and device: (shape, dtype)."""
+    return common_case(first, same) and (first.shape, first.dtype)
+
+
+def _recurrence_kind(first: Tensor, *rest: Tensor) -> Any:
+    """The recipe key of valid inputs (B, T, D) x k and an initial state (B, D), ``rest[0]``."""
+    return common_case(first, rest[1:], rest[0]) and (first.shape, first.dtype)
+
+
+@_recipes.replayed("linear_scan_fwd", _btd_kind)
+def _scan_fwd(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     _check_btd(("a", "b"), (a, b))
     a, b = a.contiguous(), b.contiguous()
     A, Bc = scan_forward(a, b, None, 1, True)
@@ -1492,12 +1510,18 @@ def linear_scan_bwd(a: Tensor, A: Tensor, Bc: Tensor, gA: Tensor, gBc: Tensor) -
     qA_t = gA_t + a_{t+1} qA_{t+1}, qB_t = gBc_t + a_{t+1} qB_{t+1}; db = qB and
     da_t = qA_t A_{t-1} + qB_t Bc_{t-1} (A_0 = 1, Bc_0 = 0).
     """
+    return _scan_bwd(a, A, Bc, gA, gBc)
+
+
+@_recipes.replayed("linear_scan_bwd", _btd_kind)
+def _scan_bwd(a: Tensor, A: Tensor, Bc: Tensor, gA: Tensor, gBc: Tensor) -> tuple[Tensor, Tensor]:
     _check_btd(("a", "A", "Bc", "gA", "gBc"), (a, A, Bc, gA, gBc))
     a, A, Bc, gA, gBc = (x.contiguous() for x in (a, A, Bc, gA, gBc))
     da, db, _ = scan_backward(a, gBc, gA, Bc, None, A, 1, False)
     return da, db
 
 
+@_recipes.replayed("linear_recurrence_fwd", lambda a, b, h0: _recurrence_kind(a, h0, b))
 def _recurrence_fwd(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
     _check_btd(("a", "b"), (a, b), h0)
     a, b, h0 = a.contiguous(), b.contiguous(), h0.contiguous()
@@ -1505,6 +1529,7 @@ def _recurrence_fwd(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
     return h
 
 
+@_recipes.replayed("linear_recurrence_bwd", _recurrence_kind)
 def _recurrence_bwd(a: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     _check_btd(("a", "h", "grad_h"), (a, h, grad_h), h0)
     a, h0, h, grad_h = (x.contiguous() for x in (a, h0, h, grad_h))

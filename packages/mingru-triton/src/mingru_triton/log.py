@@ -42,8 +42,9 @@ from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
 from mingru.scans.log import check_log_inputs
-from mingru_triton import linear
+from mingru_triton import _recipes, linear
 from mingru_triton._launch import (
+    _PLAIN,
     DEFAULT_SMS,
     cdiv,
     common_case,
@@ -372,7 +373,8 @@ def force_strategy(name: str) -> Iterator[None]:
         raise ValueError(f"name must be one of {STRATEGIES}, got {name!r}")
     _forced.append(name)
     try:
-        yield
+        with _recipes.overriding():
+            yield
     finally:
         _forced.pop()
 
@@ -386,7 +388,8 @@ def force_log_space() -> Iterator[None]:
     coefficients are all <= 0 runs in linear space). For tests and accuracy comparisons."""
     _log_space.append(True)
     try:
-        yield
+        with _recipes.overriding():
+            yield
     finally:
         _log_space.pop()
 
@@ -682,6 +685,22 @@ def parallel_scan_log_fwd(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
     float32 (float64 for float64 inputs). -inf entries give zeros, never NaN. Raises TypeError/ValueError
     on bad inputs and ValueError outside :func:`log_envelope`.
     """
+    return _values_fwd(log_coeffs, log_values)
+
+
+def _values_kind(log_coeffs: Tensor, log_values: Tensor, *like: Tensor) -> Any:
+    """The recipe key of valid inputs of the values layout: log_coeffs (B, T, D) and tensors ``like`` it,
+    log_values (B, T + 1, D), one dtype and device."""
+    if not common_case(log_coeffs, like) or type(log_values) not in _PLAIN:
+        return False
+    batch, steps, width = log_coeffs.shape
+    if log_values.shape != (batch, steps + 1, width) or log_values.dtype != log_coeffs.dtype:
+        return False
+    return log_values.device == log_coeffs.device and (log_coeffs.shape, log_coeffs.dtype)
+
+
+@_recipes.replayed("parallel_scan_log_fwd", _values_kind)
+def _values_fwd(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
     check_log_inputs(log_coeffs, log_values)
     _check_device_and_envelope(log_coeffs, "log_coeffs")
     log_coeffs, log_values = log_coeffs.contiguous(), log_values.contiguous()
@@ -701,6 +720,11 @@ def parallel_scan_log_bwd(
     lam_t = grad_h_t + a_{t+1} lam_{t+1}; d lc_t = lam_t a_t h_{t-1}; d lv_t = lam_t exp(lv_t) for t >= 1 and
     d lv_0 = a_1 lam_1 exp(lv_0). -inf inputs give exact zero gradients.
     """
+    return _values_bwd(log_coeffs, log_values, h, grad_h)
+
+
+@_recipes.replayed("parallel_scan_log_bwd", _values_kind)
+def _values_bwd(log_coeffs: Tensor, log_values: Tensor, h: Tensor, grad_h: Tensor) -> tuple[Tensor, Tensor]:
     check_log_inputs(log_coeffs, log_values)
     _check_like("h", h, log_coeffs, "like log_coeffs (B, T, D)")
     _check_like("grad_h", grad_h, log_coeffs, "like log_coeffs (B, T, D)")
@@ -753,6 +777,12 @@ def _check_recurrence_inputs(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> N
     check_same_device_dtype({"log_coeffs": log_coeffs, "log_b": log_b, "h0": h0})
 
 
+def _recurrence_kind(log_coeffs: Tensor, h0: Tensor, *like: Tensor) -> Any:
+    """The recipe key of valid inputs (B, T, D) x k with an initial state (B, D)."""
+    return common_case(log_coeffs, like, h0) and (log_coeffs.shape, log_coeffs.dtype)
+
+
+@_recipes.replayed("log_recurrence_fwd", lambda lc, lb, h0: _recurrence_kind(lc, h0, lb))
 def _recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
     _check_recurrence_inputs(log_coeffs, log_b, h0)
     _check_device_and_envelope(log_coeffs, "log_coeffs")
@@ -763,6 +793,7 @@ def _recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
     return h
 
 
+@_recipes.replayed("log_recurrence_bwd", lambda lc, lb, h0, h, gh: _recurrence_kind(lc, h0, lb, h, gh))
 def _recurrence_bwd(
     log_coeffs: Tensor, log_b: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
