@@ -15,11 +15,10 @@ that kind of input on the body for good. The first call of each kind runs the bo
 the second records.
 
 A replay runs where the body would launch directly (an eager op body, no ``torch.compile`` tracing) on CUDA
-tensors, each input 16-byte aligned and contiguous (or of the strides in the key, for the call site's
-``loose`` inputs), on the recorded current device, with no Triton launch hook set and no forcing context of
-this package active (:func:`overriding`); elsewhere the body runs. The kind of input is the call site's key
-(shapes, dtypes) plus the devices; whatever else a body's launches depend on (module constants, heuristics)
-is taken as fixed: :func:`clear` forgets every recipe.
+tensors, each input 16-byte aligned and contiguous, on the recorded current device, with no Triton launch
+hook set and no forcing context of this package active (:func:`overriding`); elsewhere the body runs. The
+kind of input is the call site's key (shapes, dtypes) plus the devices; whatever else a body's launches
+depend on (module constants, heuristics) is taken as fixed: :func:`clear` forgets every recipe.
 """
 
 from __future__ import annotations
@@ -204,15 +203,11 @@ class Recipes:
     """The recipes of one call site, by kind of input: ``recipes.run(body, inputs, key)`` returns
     ``body(*inputs)``, by replay where a recipe of ``key`` (and the inputs' device) exists and the replay's
     conditions hold (module docstring). ``key`` must hold everything about the inputs the body's steps
-    depend on besides the device (shapes, dtypes, the strides of inputs at ``loose`` positions; the caller
-    has checked the inputs are valid)."""
+    depend on besides the device (shapes, dtypes; the caller has checked the inputs are valid)."""
 
-    def __init__(self, name: str, loose: tuple[int, ...] = ()) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
         self.kinds: dict[Any, Any] = {}
-        self.loose = loose
-        """Positions of inputs that may have any strides (the key then holds them); others must be
-        contiguous."""
         _ALL.append(self)
 
     def run(self, body: Callable[..., Any], inputs: tuple[Tensor, ...], key: Any) -> Any:
@@ -223,9 +218,8 @@ class Recipes:
             return body(*inputs)
         if not launches.replayable():
             return body(*inputs)
-        loose = self.loose
-        for i, x in enumerate(inputs):
-            if x.data_ptr() % 16 or not (x.is_contiguous() or i in loose):
+        for x in inputs:
+            if x.data_ptr() % 16 or not x.is_contiguous():
                 return body(*inputs)
         current = launches.driver.get_current_device()
         kind = (key, current, device.index)
