@@ -363,12 +363,18 @@ def gated_envelope(pre: Tensor, h0: Tensor, kind: int) -> str | None:
     return None
 
 
+_STATE_DTYPE = {dtype: torch.promote_types(dtype, torch.float32) for dtype in FLOAT_DTYPES}
+"""The state dtype of each input dtype the kernels take (float32; float64 for float64), looked up per call:
+``torch.promote_types`` dispatches an aten op (host time, and an op no launch recipe replays)."""
+
+
 def _common_case(pre: Tensor, h0: Tensor, kind: int, states: dict[str, Tensor]) -> bool:
     """Whether the inputs are plain CUDA tensors of the shapes and dtypes the ops take: one cheap test, the
     detailed checks of :func:`_check` only when it fails (they cost microseconds of host time per call)."""
     if type(pre) not in _PLAIN or type(h0) not in _PLAIN or type(kind) is not int:
         return False
-    if not 0 <= kind < len(KINDS) or pre.dim() != 3 or pre.dtype not in FLOAT_DTYPES:
+    state = _STATE_DTYPE.get(pre.dtype)
+    if not 0 <= kind < len(KINDS) or pre.dim() != 3 or state is None:
         return False
     if pre.device.type != "cuda" or h0.device != pre.device:
         return False
@@ -377,7 +383,7 @@ def _common_case(pre: Tensor, h0: Tensor, kind: int, states: dict[str, Tensor]) 
     hidden = gh // g
     if length < 1 or hidden < 1 or gh != g * hidden or h0.shape != (rows, hidden):
         return False
-    if h0.dtype != torch.promote_types(pre.dtype, torch.float32):
+    if h0.dtype != state:
         return False
     shape = (rows, length, hidden)
     return all(

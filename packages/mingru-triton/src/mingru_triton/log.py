@@ -777,12 +777,7 @@ def _check_recurrence_inputs(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> N
     check_same_device_dtype({"log_coeffs": log_coeffs, "log_b": log_b, "h0": h0})
 
 
-def _recurrence_kind(log_coeffs: Tensor, h0: Tensor, *like: Tensor) -> Any:
-    """The recipe key of valid inputs (B, T, D) x k with an initial state (B, D)."""
-    return common_case(log_coeffs, like, h0) and (log_coeffs.shape, log_coeffs.dtype)
-
-
-@_recipes.replayed("log_recurrence_fwd", lambda lc, lb, h0: _recurrence_kind(lc, h0, lb))
+@_recipes.replayed("log_recurrence_fwd", lambda lc, lb, h0: linear._recurrence_kind(lc, h0, lb))
 def _recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
     _check_recurrence_inputs(log_coeffs, log_b, h0)
     _check_device_and_envelope(log_coeffs, "log_coeffs")
@@ -793,7 +788,7 @@ def _recurrence_fwd(log_coeffs: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
     return h
 
 
-@_recipes.replayed("log_recurrence_bwd", lambda lc, lb, h0, h, gh: _recurrence_kind(lc, h0, lb, h, gh))
+@_recipes.replayed("log_recurrence_bwd", lambda lc, lb, h0, h, gh: linear._recurrence_kind(lc, h0, lb, h, gh))
 def _recurrence_bwd(
     log_coeffs: Tensor, log_b: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
