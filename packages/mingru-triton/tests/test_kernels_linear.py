@@ -14,6 +14,7 @@ from torch import Tensor
 from mingru.scans.linear import linear_scan_bwd_ref, linear_scan_ref
 
 linear = pytest.importorskip("mingru_triton.linear")
+_launch = pytest.importorskip("mingru_triton._launch")
 
 
 STRATEGIES = tuple(name for name in linear.STRATEGIES if name != "split")
@@ -212,19 +213,19 @@ def test_reverse_time_kernels(name: str) -> None:
 def test_lookback_combines_summaries(every: int) -> None:
     """Tiles that publish no final state: the look-back replays the summaries after the nearest one that
     did (up to 20 of them, several replay steps), and gets the same bits as when every tile publishes."""
-    with linear.sparse_final_states(every), linear.force_strategy("lookback", None, 2):
+    with _launch.sparse_final_states(every), linear.force_strategy("lookback", None, 2):
         _check_recurrence((2, 60, 3), torch.float64)
     a, b = _inputs((1, 60, 2), torch.float32)
     h0 = torch.randn(1, 2).to(a.device)
     gh = torch.randn_like(b)
     runs = []
     for sparse in (1, every):
-        with linear.sparse_final_states(sparse), linear.force_strategy("lookback", None, 2):
+        with _launch.sparse_final_states(sparse), linear.force_strategy("lookback", None, 2):
             h = linear.linear_recurrence_fwd(a, b, h0)
             runs.append((h, *linear.linear_recurrence_bwd(a, h0, h, gh)))
     for x, y in zip(*runs, strict=True):
         assert torch.equal(x, y)
-    with pytest.raises(ValueError, match="every must be >= 1, got 0"), linear.sparse_final_states(0):
+    with pytest.raises(ValueError, match="every must be >= 1, got 0"), _launch.sparse_final_states(0):
         pass
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 from kernel_cases import HALF_TYPES, assert_close, kernel_device, on_cuda, on_interpreter
 
 from mingru.scans.log import parallel_scan_log_ref, safe_log
-from mingru_triton import linear
+from mingru_triton import _launch, linear
 from mingru_triton import log as log_kernels
 from mingru_triton.log import (
     force_log_space,
@@ -306,7 +306,7 @@ class TestInterpreter:
         grad = torch.randn_like(log_coeffs)
         for every in (1, 4):
             with (
-                linear.sparse_final_states(every),
+                _launch.sparse_final_states(every),
                 force_strategy("lookback"),
                 linear.force_strategy("lookback", None, 2),
             ):

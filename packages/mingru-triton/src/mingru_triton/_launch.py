@@ -55,6 +55,29 @@ _EAGER = threading.local()
 """``on`` is True while this thread runs an op's body eagerly (:func:`_run_eagerly`)."""
 
 
+_SPARSE: list[int] = []
+
+
+@contextlib.contextmanager
+def sparse_final_states(every: int) -> Iterator[None]:
+    """Within the block the single-pass (decoupled look-back) kernels publish a tile's final state only on
+    every ``every``-th tile of a chain (tests: the interpreter runs tiles in order, so only then does a
+    look-back combine the summaries of the tiles in between)."""
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
+    _SPARSE.append(every)
+    try:
+        with _recipes.overriding():
+            yield
+    finally:
+        _SPARSE.pop()
+
+
+def sparse_every() -> int:
+    """The SPARSE constant of a single-pass launch: 1 outside :func:`sparse_final_states`."""
+    return _SPARSE[-1] if _SPARSE else 1
+
+
 def direct_launches() -> bool:
     """Whether :func:`launch` calls CUDA kernels directly here (an op body running eagerly), not through
     ``wrap_triton``."""

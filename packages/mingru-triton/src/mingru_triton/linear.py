@@ -62,6 +62,7 @@ from mingru_triton._launch import (
     next_pow2,
     num_sms,
     on_kernel_device,
+    sparse_every,
 )
 from mingru_triton._math import fast_exp, widen
 
@@ -1174,24 +1175,8 @@ _LOOKBACK_FLAGS = (
     "WALK_REV", "SHIFT", "HAS_INIT", "DA", "HAS_PREV0", "DINIT", "EXP_COEF", "EXP_U", "LOG_GRADS", "BAIL",
     "H0_SLOT",
 )  # fmt: skip
-_SPARSE: list[int] = []
 LOOKBACK_REPLAY = 4
 """Summaries one replay step of the single-pass kernel's look-back loads at once."""
-
-
-@contextlib.contextmanager
-def sparse_final_states(every: int) -> Iterator[None]:
-    """Within the block the single-pass kernel publishes final end states only on every ``every``-th
-    tile of a row (tests: under the interpreter, which runs tiles in order, the look-back then still has
-    to combine the summaries of the tiles in between)."""
-    if every < 1:
-        raise ValueError(f"every must be >= 1, got {every}")
-    _SPARSE.append(every)
-    try:
-        with _recipes.overriding():
-            yield
-    finally:
-        _SPARSE.pop()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1317,7 +1302,7 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tens
     meta = _meta(_LOOKBACK_FLAGS, tuple(flags.items()))
     launch(
         _lookback_kernel, (tiles,), *args, agg, inc, flag_buf, length, dj, plan.num_jblocks, chains,
-        plan.num_chunks, **meta, FAST=fast_math(coef), SPARSE=_SPARSE[-1] if _SPARSE else 1,
+        plan.num_chunks, **meta, FAST=fast_math(coef), SPARSE=sparse_every(),
         REPLAY=LOOKBACK_REPLAY, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef),
         num_warps=plan.num_warps,
     )  # fmt: skip
