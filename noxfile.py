@@ -267,6 +267,17 @@ def bench_smoke(session: nox.Session) -> None:
     session.run(
         "python", chunked, "--smoke", "--family", "angle", "--shapes", "1x40x2x4x1", "--pair-tiles", "off,1x1"
     )
+    session.run(
+        "python",
+        chunked,
+        "--smoke",
+        "--family",
+        "angle",
+        "--shapes",
+        "1x40x2x4x1",
+        "--lookback-tiles",
+        "8x2x1",
+    )
     session.run("python", str(ROOT / "benchmarks" / "overhead.py"), "--smoke")
     session.run("python", str(ROOT / "benchmarks" / "strategies.py"), "--smoke")
     session.run(

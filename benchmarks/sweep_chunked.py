@@ -11,13 +11,16 @@ forward or forward + backward:
 - angle: chunked with each ``--chunks`` x ``--stages`` x ``--unroll`` x ``--tile`` (state entries per
   vector-path program) x ``--summary-tiles`` (heads x columns x warps of a chunk-summary program, or "own":
   the kernel's own) x ``--pair-tiles`` (R = 1: heads x warps of a pair-summary program, "off" for the
-  dense k x k summaries, or "own"), and the sequential strategy.
+  dense k x k summaries, or "own"), and the sequential strategy; with ``--lookback-tiles`` (R = 1), the
+  single pass (forward and adjoint) with each tile (steps x heads x warps).
 
 Each result is checked against the call with the kernel's own plan (same inputs, same output gradient),
 then timed (``triton.testing.do_bench`` median, or CUDA graph replay with ``--graph``) and divided by the
 time of a device copy of the least bytes the call must move (benchmarks/cases.py's byte counts).
 
 python benchmarks/sweep_chunked.py --family angle --graph --shapes 8x4096x16x16x2 --modes fwd,fwdbwd
+python benchmarks/sweep_chunked.py --family angle --graph --shapes 8x4096x16x16x1 --chunks 64 --stages 3 \
+    --unroll 2 --tile 32 --lookback-tiles 16x4x2,32x4x4
 python benchmarks/sweep_chunked.py --family affine --graph --shapes 4x4096x16x8 --compile-workers 8
 python benchmarks/sweep_chunked.py --smoke     # CPU, the Triton interpreter, tiny shapes, two configurations
 """
@@ -41,7 +44,7 @@ from sweep import Timer, _parse_ints, add_common_arguments, compile_in_pool, run
 from torch import Tensor
 
 from mingru.scans.angle import default_angle_layout
-from mingru_triton import affine, angle
+from mingru_triton import _recipes, affine, angle
 from mingru_triton._launch import next_pow2, num_sms
 
 SHAPES = {
@@ -113,6 +116,7 @@ def _configs(args: argparse.Namespace, family: str) -> list[tuple[str, dict[str,
             label += "" if pairs == "own" else f" pairs {pairs if isinstance(pairs, str) else _dims(pairs)}"
             settings = {"chunk": chunk, "stages": stages, "unroll": unroll, "tile": tile}
             grid.append((label, {**settings, "summary": summary, "pairs": pairs}))
+        grid += [(f"lookback {_dims(tile)}", {"lookback": tile}) for tile in args.lookback_tiles]
     return grid[:1] + grid[-1:] if args.smoke else grid
 
 
@@ -141,6 +145,11 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
     def plan(
         batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, itemsize: int = 4
     ) -> Any:
+        if "lookback" in settings:
+            if layers != 1:
+                raise ValueError(f"the single pass takes R = 1, got R={layers}")
+            block_t, pair_h, warps = settings["lookback"]
+            return angle._Plan("lookback", block_t, pair_h, 1, 1, pairs=(pair_h, warps))
         block_h = min(next_pow2(heads), max(1, settings["tile"] // next_pow2(k)))
         chunk = min(settings["chunk"], max(1, steps))
         summary = settings["summary"] or angle._summary_tile(heads, k, layers)
@@ -153,7 +162,8 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
 
     angle._plan = plan
     try:
-        yield
+        with _recipes.overriding():  # the ops' launch recipes hold the plans they recorded
+            yield
     finally:
         angle._plan = own_plan
 
@@ -171,6 +181,15 @@ def _own_plan(family: str, shape: Shape, device: torch.device) -> str:
     tile = p.block_h * next_pow2(k)
     label = f"chunked c{p.chunk} s{p.stages} u{p.unroll} tile{tile} sum{_dims(p.summary)}"
     return label + (f" pairs {_dims(p.pairs)}" if p.pairs else "")
+
+
+def _lookback_tiles(text: str) -> list[tuple[int, ...]]:
+    what = "single-pass tile is TxHxW (positive; T and H powers of 2)"
+    tiles = [_tile(item, 3, what) for item in text.split(",")]
+    for tile in tiles:
+        if any(size & (size - 1) for size in tile[:2]):
+            raise argparse.ArgumentTypeError(f"a {what}, got {_dims(tile)}")
+    return tiles
 
 
 def _dims(tile: tuple[int, ...]) -> str:
@@ -259,6 +278,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=["own"],
         help='angle only, R = 1: comma-separated HxW (heads x warps of a pair-summary program), "own" or '
         '"off" (dense k x k summaries)',
+    )
+    parser.add_argument(
+        "--lookback-tiles",
+        type=_lookback_tiles,
+        default=[],
+        help="angle only, R = 1: comma-separated TxHxW (steps x heads (a power of 2) x warps) of the "
+        "single pass",
     )
     add_common_arguments(parser)
     args = parser.parse_args(argv)

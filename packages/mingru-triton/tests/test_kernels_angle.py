@@ -248,6 +248,11 @@ class TestInterpreted:
         assert _plan(8, 4096, 16, 16, 2, cpu, 2).chunk == 64
         with force_strategy("chunked"):
             assert _strategy(64, 1 << 16, 16, 64, 4, cpu)[0] == "chunked"
+        # the single pass: the pair kernels' heads, a warp per 256 (step, pair) entries of a 16-step tile
+        with force_strategy("lookback"):
+            assert _plan(8, 4096, 16, 8, 1, cpu) == ("lookback", 16, 8, 1, 1, (1, 1, 1), (8, 2))
+            assert _plan(8, 4096, 16, 128, 1, cpu).pairs == (1, 4)
+            assert _plan(1, 7, 3, 2, 1, cpu).pairs == (4, 1)
         with pytest.raises(ValueError, match="strategy must be one of"), force_strategy("parallel"):
             pass
 
@@ -315,6 +320,60 @@ class TestInterpreted:
         inputs = make_inputs(1, 17, 2, 8, 1, torch.bfloat16, torch.device("cpu"), seed=14)
         with force_strategy("chunked"):
             check_against_reference(inputs, layout_for("random", 8, 1, seed=6), 1, 1)
+
+    @pytest.mark.parametrize(
+        ("batch", "heads", "k", "kind", "steps", "has_scale", "has_decay", "sparse"),
+        [
+            (1, 2, 8, "default", 1, 1, 1, 1),  # one step, one tile
+            (2, 3, 6, "random", 37, 1, 1, 1),  # 3 heads in a block of 4, 8 lanes for k = 6
+            (1, 2, 4, "reflect", 100, 1, 0, 3),  # the look-back combines the summaries in between
+            (1, 5, 2, "default", 64, 0, 1, 2),  # T a multiple of the tile
+            (2, 1, 16, "random", 33, 0, 0, 4),
+            (1, 1, 64, "random", 40, 1, 1, 2),  # two warps
+        ],
+    )
+    def test_lookback_matches_reference(
+        self,
+        batch: int,
+        heads: int,
+        k: int,
+        kind: str,
+        steps: int,
+        has_scale: int,
+        has_decay: int,
+        sparse: int,
+    ) -> None:
+        """R = 1 in one pass, forward and adjoint; ``sparse`` > 1 publishes final states on every sparse-th
+        tile only, so that tiles walk back over published summaries."""
+        inputs = make_inputs(batch, steps, heads, k, 1, torch.float32, torch.device("cpu"), seed=k + steps)
+        with force_strategy("lookback"), _launch.sparse_final_states(sparse):
+            plan = _plan(batch, steps, heads, k, 1, torch.device("cpu"))
+            assert plan.strategy == "lookback" and plan.chunk == angle.LOOKBACK_BLOCK_T
+            check_against_reference(inputs, layout_for(kind, k, 1, seed=steps), has_scale, has_decay)
+
+    def test_lookback_bf16_fp64_and_strided(self) -> None:
+        inputs = make_inputs(1, 41, 2, 8, 1, torch.bfloat16, torch.device("cpu"), seed=15)
+        with force_strategy("lookback"), _launch.sparse_final_states(2):
+            check_against_reference(inputs, layout_for("random", 8, 1, seed=7), 1, 1)
+            wide = make_inputs(1, 35, 3, 4, 1, torch.float64, torch.device("cpu"), seed=16)
+            check_against_reference(wide, random_layout(4, 1, seed=8), 1, 1)
+            flat_grad(make_inputs(1, 19, 2, 4, 1, torch.float64, torch.device("cpu"), seed=17), layout_for(
+                "reflect", 4, 1), 1, 1)  # fmt: skip
+            theta, scale, gamma, b, h0 = make_inputs(2, 21, 2, 4, 1, torch.float32, torch.device("cpu"), 18)
+            views = [
+                theta.transpose(0, 2).contiguous().transpose(0, 2),
+                scale.transpose(1, 2).contiguous().transpose(1, 2),
+                torch.stack((gamma, gamma), -1)[..., 0],
+                b.transpose(1, 2).contiguous().transpose(1, 2),
+                h0.transpose(0, 1).contiguous().transpose(0, 1),
+            ]
+            check_against_reference(views, layout_for("default", 4, 1), 1, 1)
+
+    def test_lookback_takes_one_layer(self) -> None:
+        inputs = make_inputs(1, 20, 2, 4, 2, torch.float32, torch.device("cpu"), seed=19)
+        match = "the lookback strategy runs one rotation layer only \\(R = 1\\), got R=2"
+        with force_strategy("lookback"), pytest.raises(ValueError, match=match):
+            angle_scan_fwd(*inputs, *layout_for("default", 4, 2), 1, 1)
 
     @pytest.mark.parametrize(("heads", "k", "layers"), [(3, 6, 2), (1, 64, 2), (1, 64, 4)])
     def test_summary_tiles_match_reference(self, heads: int, k: int, layers: int) -> None:
@@ -392,6 +451,13 @@ class TestEagerPath:
             want, got, node = _op_and_eager(inputs, random_layout(8, layers, seed=1), has_scale, has_decay)
         name = f"AngleScan{'Scale' if has_scale else ''}{'Decay' if has_decay else ''}Backward"
         assert type(node).__name__ == name
+        for what, g, w in zip(("h", "dtheta", "dscale", "dgamma", "db", "dh0"), got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w), what
+
+    def test_lookback_gives_the_ops_bits(self) -> None:
+        inputs = make_inputs(2, 29, 3, 8, 1, torch.float32, torch.device("cpu"), seed=4)
+        with force_strategy("lookback"):
+            want, got, _ = _op_and_eager(inputs, random_layout(8, 1, seed=2), 1, 1)
         for what, g, w in zip(("h", "dtheta", "dscale", "dgamma", "db", "dh0"), got, want, strict=True):
             assert g.dtype == w.dtype and torch.equal(g, w), what
 
@@ -496,6 +562,34 @@ class TestCuda:
             flat_grad(inputs, random_layout(6, 3, seed=3), 1, 1)
             flat_grad(inputs, layout_for("reflect", 6, 3), 0, 1)
 
+    @pytest.mark.parametrize(
+        ("batch", "steps", "heads", "k"),
+        [(8, 1024, 16, 8), (8, 4096, 16, 16), (2, 1000, 5, 64), (3, 3001, 3, 6), (1, 1 << 16, 2, 32)],
+    )
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_lookback_matches_reference(
+        self, batch: int, steps: int, heads: int, k: int, dtype: torch.dtype
+    ) -> None:
+        """The single pass of R = 1: close to the reference, and the same bits on every call, forward and
+        adjoint (the look-back's carry does not depend on which tiles ran first)."""
+        inputs = cuda_inputs(batch, steps, heads, k, 1, dtype)
+        layout = tuple(t.cuda() for t in random_layout(k, 1, seed=k))
+        with force_strategy("lookback"):
+            check_against_reference(inputs, random_layout(k, 1, seed=k), 1, 1)
+            first = angle_scan_fwd(*inputs, *layout, 1, 1)
+            grad = torch.randn_like(first)
+            grads = angle_scan_bwd(*inputs, first, grad, *layout, 1, 1)
+            for _ in range(3):
+                assert torch.equal(angle_scan_fwd(*inputs, *layout, 1, 1), first)
+                again = angle_scan_bwd(*inputs, first, grad, *layout, 1, 1)
+                assert all(torch.equal(g, w) for g, w in zip(again, grads, strict=True))
+
+    def test_lookback_gradcheck_fp64(self) -> None:
+        inputs = cuda_inputs(2, 40, 3, 6, 1, torch.float64)
+        with force_strategy("lookback"):
+            flat_grad(inputs, random_layout(6, 1, seed=4), 1, 1)
+            flat_grad(inputs, layout_for("reflect", 6, 1), 0, 1)
+
     def test_more_than_2_31_elements(self) -> None:
         """b, h: 2^31 + 2^16 bf16 elements each; the last heads checked against a float64 reference."""
         steps, heads, k = 1 << 17, 2050, 8
@@ -519,3 +613,7 @@ class TestCuda:
             has_decay=False,
         )
         assert_close(h[:, -4096:, tail], want[:, -4096:], torch.bfloat16, what="h (last heads, last steps)")
+        del h
+        with force_strategy("lookback"):
+            h = angle_scan_fwd(theta, scale, gamma, b, h0, perm, sgn, p2p, 1, 0)
+        assert_close(h[:, -4096:, tail], want[:, -4096:], torch.bfloat16, what="h (single pass)")

@@ -6,8 +6,8 @@ L_t = L_{R-1} ... L_0, layer r: x~ = sgn[r] * x, y_i = cos x~_i - sin x~_j (i < 
 y_i = sin x~_j + cos x~_i (i > j), angle theta[..., r, p2p[r, i]]. The layers are applied in registers
 (partner entries through ``tl.gather``); carries are float32 (float64 for float64 inputs).
 
-Two strategies, chosen by :func:`_strategy` from the shapes and the input's element size (tests force one
-with :func:`force_strategy`):
+Strategies, chosen by :func:`_strategy` from the shapes and the input's element size (tests force one with
+:func:`force_strategy`):
 
 - ``"sequential"``: one program per (batch, block of heads) walks all of T with the state in registers.
 - ``"chunked"``: T is cut into chunks. Phase 1 composes each chunk's transition c_t L_t into a k x k matrix
@@ -16,6 +16,9 @@ with :func:`force_strategy`):
   same three phases in reverse time on the adjoint. With one layer (R = 1) each step only mixes the two
   entries of a pair, so the pair kernels hold a pair per thread: a chunk's summary is its 2 x 2 blocks and
   the replays evaluate one cos / sin per pair (:data:`PAIR_SUMMARIES`, :data:`PAIR_REPLAYS`).
+- ``"lookback"`` (R = 1, only where forced until timed on a GPU): a single pass, forward and adjoint; one
+  program per tile of steps x pairs scans its steps' 2 x 2 pair maps and takes its carry by decoupled
+  look-back (:func:`_pair_lookback_kernel`, :func:`_pair_lookback_bwd_kernel`).
 
 Envelope (:func:`angle_envelope`): k even with 2 <= k <= 128, 0 <= R <= 16.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -35,6 +38,8 @@ from torch.library import triton_op
 from mingru.scans.angle import check_angle_inputs
 from mingru_triton import _recipes
 from mingru_triton._launch import (
+    _PLAIN,
+    FLOAT_DTYPES,
     cdiv,
     eager_path,
     is_fp64,
@@ -42,6 +47,7 @@ from mingru_triton._launch import (
     next_pow2,
     num_sms,
     on_kernel_device,
+    sparse_every,
     sqrt_chunk,
 )
 
@@ -51,7 +57,7 @@ MAX_K = 128
 MAX_LAYERS = 16
 MAX_CHUNKED_K = 64
 """Largest k the chunked strategy takes on its own: its k x k summaries were measured up to k = 64."""
-STRATEGIES = ("sequential", "chunked")
+STRATEGIES = ("sequential", "chunked", "lookback")
 _FORCED: list[str] = []
 CARRY_STAGES = 3
 """``tl.range`` pipelining depth of the chunk-carry loop: its summary loads do not wait on the carry. On an
@@ -69,6 +75,10 @@ step instead of one per entry, no exchange between threads. False: the vector pa
 PAIR_TILE = 32
 """Pairs (one per thread; whole heads, at least one) per program of the pair kernels (summaries, carries,
 replays)."""
+LOOKBACK_BLOCK_T = 16
+"""Steps per tile of the R = 1 single pass (:func:`_pair_lookback_kernel` and its adjoint)."""
+LOOKBACK_REPLAY = 4
+"""Summaries one replay step of the single pass's look-back loads at once."""
 
 
 def angle_envelope(theta: Tensor, b: Tensor) -> str | None:
@@ -88,7 +98,8 @@ def angle_envelope(theta: Tensor, b: Tensor) -> str | None:
 
 @contextmanager
 def force_strategy(name: str) -> Iterator[None]:
-    """Within the block, run the angle ops with strategy ``name`` ("sequential" or "chunked")."""
+    """Within the block, run the angle ops with strategy ``name`` ("sequential", "chunked" or "lookback":
+    the single pass of R = 1)."""
     if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r}")
     _FORCED.append(name)
@@ -154,10 +165,15 @@ def _strategy(
     slower. Its pipelining needs asynchronous copies, which 2-byte loads do not get: in bfloat16 at k = 64 it
     ran 1.4x-1.7x slower than chunked, so 2-byte inputs stay chunked. The isqrt(T) floor keeps phase 2 (one
     step per chunk) no longer than a chunk.
+
+    "lookback" (the single pass of R = 1, forward and adjoint; chunk = its tile's steps) runs only where
+    forced.
     """
     rows = batch * heads
     chunk = sqrt_chunk(steps, 64)
     forced = _FORCED[-1] if _FORCED else None
+    if forced == "lookback":
+        return "lookback", LOOKBACK_BLOCK_T
     if forced == "chunked":
         return "chunked", max(1, min(chunk, cdiv(steps, 3))) if steps > 1 else 1
     if forced == "sequential":
@@ -197,8 +213,16 @@ def _plan(
     R = 1 runs the pair kernels (:data:`PAIR_SUMMARIES`, tile :func:`_pair_tile`), with half the chunk length
     for 2-byte inputs at k <= 16. On an H200 at (8, 4096, 16, k, 1) they ran 1.3x-5.8x faster than the dense
     summaries with the vector path (k = 8 to 64, float32 and bfloat16, fwd and fwd+bwd); chunks of 32 steps
-    were 1.3x-1.4x faster than 64 in bfloat16 at k <= 16, 1.04x-1.15x slower at k >= 32 and in float32."""
+    were 1.3x-1.4x faster than 64 in bfloat16 at k <= 16, 1.04x-1.15x slower at k >= 32 and in float32.
+
+    The single pass ("lookback", R = 1 only: a ValueError otherwise) takes :func:`_lookback_tile`'s tile in
+    ``block_h`` and ``pairs``."""
     strategy, chunk = _strategy(batch, steps, heads, k, layers, device, itemsize)
+    if strategy == "lookback":
+        if layers != 1:
+            raise ValueError(f"the lookback strategy runs one rotation layer only (R = 1), got R={layers}")
+        block_h, warps = _lookback_tile(heads, k)
+        return _Plan(strategy, chunk, block_h, 1, 1, pairs=(block_h, warps))
     if strategy == "sequential":
         return _Plan(strategy, chunk, _block_heads(batch, heads, k, num_sms(device)), 3, 1)
     small = next_pow2(k) <= 16
@@ -219,6 +243,14 @@ def _pair_tile(heads: int, k: int) -> tuple[int, int]:
     slots = max(1, next_pow2(k) // 2)
     block_h = min(next_pow2(heads), max(1, PAIR_TILE // slots))
     return block_h, max(1, min(4, block_h * slots // 32))
+
+
+def _lookback_tile(heads: int, k: int) -> tuple[int, int]:
+    """(heads, warps) of a single-pass program: the pair kernels' heads (:func:`_pair_tile`), a warp per
+    256 (step, pair) entries of its :data:`LOOKBACK_BLOCK_T`-step tile (at most 4)."""
+    block_h, _ = _pair_tile(heads, k)
+    entries = LOOKBACK_BLOCK_T * block_h * max(1, next_pow2(k) // 2)
+    return block_h, max(1, min(4, entries // 256))
 
 
 @triton.jit
@@ -808,6 +840,310 @@ def _pair_bwd_kernel(
     tl.store(dh0_ptr + state + hi[None, :], u_h.to(dh0_ptr.dtype.element_ty), mask=first)
 
 
+@triton.jit
+def _pair_compose(a00, a01, a10, a11, a_l, a_h, b00, b01, b10, b11, b_l, b_h):
+    """Pair map (B, b) after pair map (A, a): x -> B (A x + a) + b, for 2 x 2 blocks and pair vectors."""
+    return (
+        b00 * a00 + b01 * a10, b00 * a01 + b01 * a11, b10 * a00 + b11 * a10, b10 * a01 + b11 * a11,
+        b00 * a_l + b01 * a_h + b_l, b10 * a_l + b11 * a_h + b_h,
+    )  # fmt: skip
+
+
+@triton.jit
+def _last_step(x, last):
+    """Row BLOCK_T - 1 of a (BLOCK_T, BLOCK_Q) tile (``last`` marks it)."""
+    return tl.sum(tl.where(last, x, 0.0), axis=0)
+
+
+@triton.jit
+def _lookback_tile_start(
+    flag_ptr, perm_ptr, p2p_ptr, sgn_ptr, n, n_hblocks, CHAINS, NT,
+    K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """A single-pass program's tile, taken in launch order from the counter ``flag_ptr[CHAINS * NT]``:
+    tile = place CHAINS + chain, chain = (batch bi, head block hb). Its BLOCK_Q = BLOCK_H BLOCK_K / 2 columns
+    hold slot m of head j in column j BLOCK_K / 2 + m, lanes lo < hi as in :func:`_pair_tile_start`. Returns
+    (tile, place, bi, hb, heads, m, lo, hi (BLOCK_Q,), sgn[0, lo], sgn[0, hi], live columns)."""
+    SLOTS: tl.constexpr = BLOCK_K // 2
+    tile = tl.atomic_add(flag_ptr + CHAINS * NT, 1).to(tl.int64)
+    place = tile // CHAINS
+    chain = tile % CHAINS
+    hb = (chain % n_hblocks).to(tl.int32)
+    bi = chain // n_hblocks
+    q = tl.arange(0, BLOCK_H * SLOTS)
+    m = q % SLOTS
+    heads = hb * BLOCK_H + q // SLOTS
+    lanes = tl.arange(0, BLOCK_K)
+    partner = tl.load(perm_ptr + lanes, mask=lanes < K, other=0).to(tl.int32)
+    number = tl.load(p2p_ptr + lanes, mask=(lanes < K) & (lanes < partner), other=-1).to(tl.int32)
+    match = number[None, :] == m[:, None]
+    lo = tl.sum(tl.where(match, lanes[None, :], 0), axis=1)
+    hi = tl.sum(tl.where(match, partner[None, :], 0), axis=1)
+    live = (heads < n) & (m < HALF)
+    sign_lo = tl.load(sgn_ptr + lo, mask=live, other=1.0).to(WT)
+    sign_hi = tl.load(sgn_ptr + hi, mask=live, other=1.0).to(WT)
+    return tile, place, bi, hb, heads, m, lo, hi, sign_lo, sign_hi, live
+
+
+@triton.jit
+def _pair_angles(
+    theta_ptr, scale_ptr, gamma_ptr, theta_at, gate_at, mask,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """(cos, sin, c) of a tile's angles at ``theta_at`` and gates at ``gate_at``: c = scale^[HAS_SCALE]
+    gamma^[HAS_DECAY] (1 where ``mask`` is off)."""
+    th = tl.load(theta_ptr + theta_at, mask=mask, other=0.0).to(WT)
+    factor = tl.full(th.shape, 1.0, tl.float32).to(WT)
+    if HAS_SCALE:
+        factor = factor * tl.load(scale_ptr + gate_at, mask=mask, other=1.0).to(WT)
+    if HAS_DECAY:
+        factor = factor * tl.load(gamma_ptr + gate_at, mask=mask, other=1.0).to(WT)
+    return tl.cos(th), tl.sin(th), factor
+
+
+@triton.jit
+def _lookback_carry(
+    agg_ptr, inc_ptr, flag_ptr, tile, place, CHAINS, NT, q, d00, d01, d10, d11, d_l, d_h, init_l, init_h,
+    SPARSE: tl.constexpr, REPLAY: tl.constexpr, BLOCK_Q: tl.constexpr,
+):  # fmt: skip
+    """The decoupled look-back of a single-pass tile with summary (d, the composed pair map of its steps):
+    the carry (c_l, c_h) entering the tile (``init`` for the chain's first tile). Publishes the summary
+    (6 numbers per column, status 1), walks back along its chain to the nearest tile with a published final
+    state (status 2), waiting at a tile with no status yet, replays the REPLAY-at-a-time loaded summaries in
+    between in walk order (the carry is the same bits whichever tile the walk stopped at), then publishes
+    its own final state d(carry) (on every SPARSE-th tile; not on the chain's last). ``agg`` (tiles, 6,
+    BLOCK_Q) and ``inc`` (tiles, 2, BLOCK_Q) are in the carry dtype."""
+    status = flag_ptr + tile
+    if place == 0:
+        c_l, c_h = init_l, init_h
+    else:
+        slot = agg_ptr + tile * 6 * BLOCK_Q + q
+        tl.store(slot, d00)
+        tl.store(slot + BLOCK_Q, d01)
+        tl.store(slot + 2 * BLOCK_Q, d10)
+        tl.store(slot + 3 * BLOCK_Q, d11)
+        tl.store(slot + 4 * BLOCK_Q, d_l)
+        tl.store(slot + 5 * BLOCK_Q, d_h)
+        tl.debug_barrier()
+        tl.atomic_xchg(status, 1, sem="release")
+        found = tile - CHAINS
+        seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
+        while seen != 2:
+            found = tl.where(seen == 1, found - CHAINS, found)
+            seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
+        c_l = tl.load(inc_ptr + found * 2 * BLOCK_Q + q, cache_modifier=".cg")
+        c_h = tl.load(inc_ptr + found * 2 * BLOCK_Q + BLOCK_Q + q, cache_modifier=".cg")
+        # a summary past the tile's own place loads as the identity map
+        for start in range(found + CHAINS, tile, CHAINS * REPLAY):
+            for i in tl.static_range(REPLAY):
+                idx = start + CHAINS * i
+                use = (q * 0 + idx) < tile
+                slot = agg_ptr + idx * 6 * BLOCK_Q + q
+                a00 = tl.load(slot, mask=use, other=1.0, cache_modifier=".cg")
+                a01 = tl.load(slot + BLOCK_Q, mask=use, other=0.0, cache_modifier=".cg")
+                a10 = tl.load(slot + 2 * BLOCK_Q, mask=use, other=0.0, cache_modifier=".cg")
+                a11 = tl.load(slot + 3 * BLOCK_Q, mask=use, other=1.0, cache_modifier=".cg")
+                a_l = tl.load(slot + 4 * BLOCK_Q, mask=use, other=0.0, cache_modifier=".cg")
+                a_h = tl.load(slot + 5 * BLOCK_Q, mask=use, other=0.0, cache_modifier=".cg")
+                c_l, c_h = a00 * c_l + a01 * c_h + a_l, a10 * c_l + a11 * c_h + a_h
+    if (place < NT - 1) & (place % SPARSE == 0):
+        tl.store(inc_ptr + tile * 2 * BLOCK_Q + q, d00 * c_l + d01 * c_h + d_l)
+        tl.store(inc_ptr + tile * 2 * BLOCK_Q + BLOCK_Q + q, d10 * c_l + d11 * c_h + d_h)
+        tl.debug_barrier()
+        tl.atomic_xchg(status, 2, sem="release")
+    return c_l, c_h
+
+
+@triton.jit
+def _pair_lookback_kernel(
+    theta_ptr, scale_ptr, gamma_ptr, b_ptr, h0_ptr, perm_ptr, sgn_ptr, p2p_ptr, out_ptr,
+    agg_ptr, inc_ptr, flag_ptr, T, n, n_hblocks, CHAINS, NT,
+    K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
+    SPARSE: tl.constexpr, REPLAY: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """The R = 1 forward in one pass: one program per tile of BLOCK_T steps x BLOCK_H heads
+    (:func:`_lookback_tile_start`). Step t is the pair map x -> P_t x + b_t with
+    P_t = c_t [[cos sgn_lo, -sin sgn_hi], [sin sgn_lo, cos sgn_hi]]. The tile composes its steps with an
+    associative scan (M_t, e_t: the product P_t ... P_first and the zero-start state), takes its carry by
+    look-back (:func:`_lookback_carry`; h0 for the first tile) and writes h_t = M_t carry + e_t. Steps past T
+    (last tile only) compose sign flips: neither published nor stored."""
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    BLOCK_Q: tl.constexpr = BLOCK_H * (BLOCK_K // 2)
+    tile, place, bi, _, heads, m, lo, hi, sign_lo, sign_hi, live = _lookback_tile_start(
+        flag_ptr, perm_ptr, p2p_ptr, sgn_ptr, n, n_hblocks, CHAINS, NT, K, HALF, BLOCK_H, BLOCK_K, WT
+    )
+    # Addresses: an int64 base at the tile's first step plus int32 offsets inside the tile.
+    steps = tl.arange(0, BLOCK_T)
+    t0 = place * BLOCK_T
+    step = ((t0 + steps) < T)[:, None] & live[None, :]
+    base = (bi * T + t0) * n
+    rows = (steps * n)[:, None] + heads[None, :]
+    cs, sn, factor = _pair_angles(theta_ptr, scale_ptr, gamma_ptr, base * HALF + rows * HALF + m[None, :],
+                                  base + rows, step, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+    cs, sn = cs * factor, sn * factor
+    at_l = base * K + rows * K + lo[None, :]
+    at_h = base * K + rows * K + hi[None, :]
+    add_l = tl.load(b_ptr + at_l, mask=step, other=0.0).to(WT)
+    add_h = tl.load(b_ptr + at_h, mask=step, other=0.0).to(WT)
+    m00, m01, m10, m11, e_l, e_h = tl.associative_scan(
+        (cs * sign_lo[None, :], -sn * sign_hi[None, :], sn * sign_lo[None, :], cs * sign_hi[None, :], add_l,
+         add_h), 0, _pair_compose
+    )  # fmt: skip
+    last = (steps == BLOCK_T - 1)[:, None]
+    at = (bi * n + heads) * K
+    c_l, c_h = _lookback_carry(
+        agg_ptr, inc_ptr, flag_ptr, tile, place, CHAINS, NT, tl.arange(0, BLOCK_Q),
+        _last_step(m00, last), _last_step(m01, last), _last_step(m10, last), _last_step(m11, last),
+        _last_step(e_l, last), _last_step(e_h, last),
+        tl.load(h0_ptr + at + lo, mask=live, other=0.0).to(WT),
+        tl.load(h0_ptr + at + hi, mask=live, other=0.0).to(WT), SPARSE, REPLAY, BLOCK_Q,
+    )  # fmt: skip
+    h_l = m00 * c_l[None, :] + m01 * c_h[None, :] + e_l
+    h_h = m10 * c_l[None, :] + m11 * c_h[None, :] + e_h
+    tl.store(out_ptr + at_l, h_l.to(out_ptr.dtype.element_ty), mask=step)
+    tl.store(out_ptr + at_h, h_h.to(out_ptr.dtype.element_ty), mask=step)
+
+
+@triton.jit
+def _pair_lookback_bwd_kernel(
+    theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, perm_ptr, sgn_ptr, p2p_ptr,
+    dtheta_ptr, dscale_ptr, dgamma_ptr, db_ptr, dh0_ptr, agg_ptr, inc_ptr, flag_ptr,
+    T, n, n_hblocks, CHAINS, NT,
+    K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
+    SPARSE: tl.constexpr, REPLAY: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """The R = 1 adjoint in one pass, walking T backwards (walk step w at time t = T - 1 - w), tiles as in
+    :func:`_pair_lookback_kernel`. The adjoint lam_t = dh_t + P_{t+1}^T lam_{t+1} (db = lam) is a pair scan
+    whose map at walk step w is P^T one step later in time (none at t = T - 1); with lam known, each step's
+    gradients are :func:`_pair_bwd_kernel`'s: y = L_t(h_{t-1}) (h0 before t = 0), dc = lam . y per head,
+    dtheta = c (lam_hi y_lo - lam_lo y_hi), dh0 = P_0^T lam_0."""
+    WT: tl.constexpr = tl.float64 if FP64 else tl.float32
+    SLOTS: tl.constexpr = BLOCK_K // 2
+    BLOCK_Q: tl.constexpr = BLOCK_H * SLOTS
+    tile, place, bi, hb, heads, m, lo, hi, sign_lo, sign_hi, live = _lookback_tile_start(
+        flag_ptr, perm_ptr, p2p_ptr, sgn_ptr, n, n_hblocks, CHAINS, NT, K, HALF, BLOCK_H, BLOCK_K, WT
+    )
+    steps = tl.arange(0, BLOCK_T)
+    walk = place * BLOCK_T + steps
+    valid = walk < T
+    step = valid[:, None] & live[None, :]
+    # Addresses: an int64 base at the tile's latest time plus int32 offsets inside the tile (time t0 - s).
+    t0 = T - 1 - place * BLOCK_T
+    base = (bi * T + t0) * n
+    rows = (-steps * n)[:, None] + heads[None, :]
+    later = step & (walk > 0)[:, None]
+    ahead = base + n + rows
+    cs, sn, factor = _pair_angles(theta_ptr, scale_ptr, gamma_ptr, ahead * HALF + m[None, :], ahead, later,
+                                  HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+    cs, sn = cs * factor, sn * factor
+    at_l = base * K + rows * K + lo[None, :]
+    at_h = base * K + rows * K + hi[None, :]
+    add_l = tl.load(grad_ptr + at_l, mask=step, other=0.0).to(WT)
+    add_h = tl.load(grad_ptr + at_h, mask=step, other=0.0).to(WT)
+    m00, m01, m10, m11, e_l, e_h = tl.associative_scan(
+        (cs * sign_lo[None, :], sn * sign_lo[None, :], -sn * sign_hi[None, :], cs * sign_hi[None, :], add_l,
+         add_h), 0, _pair_compose
+    )  # fmt: skip
+    last = (steps == BLOCK_T - 1)[:, None]
+    zero = tl.zeros((BLOCK_Q,), dtype=tl.float32).to(WT)
+    c_l, c_h = _lookback_carry(
+        agg_ptr, inc_ptr, flag_ptr, tile, place, CHAINS, NT, tl.arange(0, BLOCK_Q),
+        _last_step(m00, last), _last_step(m01, last), _last_step(m10, last), _last_step(m11, last),
+        _last_step(e_l, last), _last_step(e_h, last), zero, zero, SPARSE, REPLAY, BLOCK_Q,
+    )  # fmt: skip
+    lam_l = m00 * c_l[None, :] + m01 * c_h[None, :] + e_l
+    lam_h = m10 * c_l[None, :] + m11 * c_h[None, :] + e_h
+    tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=step)
+    tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=step)
+    # The step's own gradients: the state one step back in time (h0 at t = 0), its rotation, the gates.
+    first = (t0 - steps == 0)[:, None]
+    state = (bi * n + heads) * K
+    xs_l = tl.load(out_ptr + at_l - n * K, mask=step & ~first, other=0.0).to(WT)
+    xs_h = tl.load(out_ptr + at_h - n * K, mask=step & ~first, other=0.0).to(WT)
+    xs_l += tl.load(h0_ptr + state + lo + rows * 0, mask=step & first, other=0.0).to(WT)
+    xs_h += tl.load(h0_ptr + state + hi + rows * 0, mask=step & first, other=0.0).to(WT)
+    xs_l = xs_l * sign_lo[None, :]
+    xs_h = xs_h * sign_hi[None, :]
+    theta_at = base * HALF + rows * HALF + m[None, :]
+    cs, sn, factor = _pair_angles(theta_ptr, scale_ptr, gamma_ptr, theta_at, base + rows, step, HAS_SCALE,
+                                  HAS_DECAY, WT)  # fmt: skip
+    y_l = cs * xs_l - sn * xs_h
+    y_h = sn * xs_l + cs * xs_h
+    dc = tl.sum(tl.reshape(lam_l * y_l + lam_h * y_h, (BLOCK_T, BLOCK_H, SLOTS)), axis=2)
+    own = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, base + (-steps * n)[:, None] + own[None, :],
+                valid[:, None] & (own < n)[None, :], dc, BLOCK_H, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+    g_l = lam_l * factor
+    g_h = lam_h * factor
+    tl.store(dtheta_ptr + theta_at, (g_h * y_l - g_l * y_h).to(dtheta_ptr.dtype.element_ty), mask=step)
+    u_l = (cs * g_l + sn * g_h) * sign_lo[None, :]
+    u_h = (cs * g_h - sn * g_l) * sign_hi[None, :]
+    tl.store(dh0_ptr + state + lo + rows * 0, u_l.to(dh0_ptr.dtype.element_ty), mask=step & first)
+    tl.store(dh0_ptr + state + hi + rows * 0, u_h.to(dh0_ptr.dtype.element_ty), mask=step & first)
+
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _common_case(
+    theta: Tensor, scale: Tensor, gamma: Tensor, b: Tensor, h0: Tensor, perm: Tensor, sgn: Tensor, p2p: Tensor
+) -> Any:
+    """The recipe key of common, valid inputs, else False: plain tensors of the shapes :func:`_check` asks
+    for, theta, scale, gamma, b and h0 of one floating dtype on one CUDA device (a device type recipes
+    serve), the layout there (perm, p2p int32 / int64, sgn floating), within :func:`angle_envelope`, with
+    R >= 1 and no empty input. The key is (b's shape, its dtype, R, the layout's dtypes). Callers skip their
+    detailed checks where it holds: those name what is wrong, and cost tens of microseconds of host time per
+    call."""
+    if type(b) not in _PLAIN or b.dim() != 4 or b.dtype not in FLOAT_DTYPES or perm.dim() != 2:
+        return False
+    # Devices by CUDA flag and index (a torch.device per tensor costs more); other types (the tests' CPU
+    # stand-ins) by the device itself.
+    cuda, index = b.is_cuda, b.get_device()
+    if not cuda and b.device.type not in _recipes._DEVICES:
+        return False
+    batch, steps, heads, k = shape = b.shape
+    layers, dtype, device = perm.shape[0], b.dtype, None if cuda else b.device
+    if k % 2 or not 2 <= k <= MAX_K or not 1 <= layers <= MAX_LAYERS or batch * steps * heads == 0:
+        return False
+    for x in (theta, scale, gamma, h0, perm, sgn, p2p):
+        if type(x) not in _PLAIN:
+            return False
+        if (not x.is_cuda or x.get_device() != index) if cuda else x.device != device:
+            return False
+    rows = (batch, steps, heads)
+    if theta.shape != (*rows, layers, k // 2) or scale.shape != rows or gamma.shape != rows:
+        return False
+    if h0.shape != (batch, heads, k) or theta.dtype != dtype or scale.dtype != dtype:
+        return False
+    if gamma.dtype != dtype or h0.dtype != dtype or perm.shape != (layers, k):
+        return False
+    if sgn.shape != (layers, k) or p2p.shape != (layers, k) or sgn.dtype not in FLOAT_DTYPES:
+        return False
+    if perm.dtype not in _INDEX_DTYPES or p2p.dtype not in _INDEX_DTYPES:
+        return False
+    return shape, dtype, layers, perm.dtype, sgn.dtype, p2p.dtype
+
+
+def _adjoint_case(
+    theta: Tensor,
+    scale: Tensor,
+    gamma: Tensor,
+    h0: Tensor,
+    out: Tensor,
+    grad_out: Tensor,
+    perm: Tensor,
+    sgn: Tensor,
+    p2p: Tensor,
+) -> Any:
+    """:func:`_common_case` of the adjoint's inputs (``out`` in b's place), with ``grad_out`` a plain tensor
+    like ``out``; its key, else False."""
+    key = _common_case(theta, scale, gamma, out, h0, perm, sgn, p2p)
+    same = type(grad_out) in _PLAIN and grad_out.shape == out.shape and grad_out.dtype == out.dtype
+    return key if same and grad_out.device == out.device else False
+
+
 def _check(
     theta: Tensor, scale: Tensor, gamma: Tensor, b: Tensor, h0: Tensor, perm: Tensor, sgn: Tensor, p2p: Tensor
 ) -> None:
@@ -892,6 +1228,25 @@ def _carries(
     return carries
 
 
+def _lookback(
+    kernel: object, plan: _Plan, like: Tensor, args: tuple[Tensor, ...], flags: dict[str, int]
+) -> None:
+    """One launch of the single-pass ``kernel`` (:func:`_pair_lookback_kernel` or its adjoint; one program
+    per tile) on ``args``, its tensors, with its summary and status buffers; ``like`` (B, T, n, k) gives the
+    sizes and the carry dtype."""
+    batch, steps, heads, k = like.shape
+    block_h, warps = plan.pairs or (plan.block_h, 1)
+    n_blocks = cdiv(heads, block_h)
+    chains, tiles_per_chain = batch * n_blocks, cdiv(max(steps, 1), plan.chunk)
+    tiles, columns, work = chains * tiles_per_chain, block_h * max(1, next_pow2(k) // 2), _work_dtype(like)
+    agg = torch.empty(tiles * 6 * columns, device=like.device, dtype=work)
+    inc = torch.empty(tiles * 2 * columns, device=like.device, dtype=work)
+    status = torch.zeros(tiles + 1, device=like.device, dtype=torch.int32)
+    launch(kernel, (tiles,), *args, agg, inc, status, steps, heads, n_blocks, chains, tiles_per_chain, K=k,
+           HALF=k // 2, BLOCK_H=block_h, BLOCK_K=next_pow2(k), **flags, FP64=is_fp64(like),
+           SPARSE=sparse_every(), REPLAY=LOOKBACK_REPLAY, BLOCK_T=plan.chunk, num_warps=warps)  # fmt: skip
+
+
 def _forward(
     theta: Tensor,
     scale: Tensor,
@@ -912,6 +1267,9 @@ def _forward(
     flags = {"HAS_SCALE": int(bool(has_scale)), "HAS_DECAY": int(bool(has_decay))}
     out = torch.empty_like(b)
     plan = _plan(batch, steps, heads, k, meta["R"], b.device, b.element_size())
+    if plan.strategy == "lookback":
+        _lookback(_pair_lookback_kernel, plan, b, (theta, scale, gamma, b, h0, perm, sgn, p2p, out), flags)
+        return out
     loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
     if plan.strategy == "chunked":
         chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
@@ -952,6 +1310,10 @@ def _backward(
     db = torch.empty_like(out)
     dh0 = torch.empty_like(h0)
     plan = _plan(batch, steps, heads, k, meta["R"], out.device, out.element_size())
+    if plan.strategy == "lookback":
+        args = (theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p, dtheta, dscale, dgamma, db, dh0)
+        _lookback(_pair_lookback_bwd_kernel, plan, out, args, flags)
+        return dtheta, dscale, dgamma, db, dh0
     loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
     if plan.strategy == "chunked":
         chunks, chunk = cdiv(steps, plan.chunk), plan.chunk
@@ -985,8 +1347,10 @@ def angle_scan_fwd(
     h0 (B, n, k), perm / p2p (R, k) int32 or int64, sgn (R, k) float. Raises TypeError/ValueError for bad
     shapes, dtypes or devices and ValueError outside :func:`angle_envelope`. Layout values are not checked.
     """
-    _check(theta, scale, gamma, b, h0, perm, sgn, p2p)
-    return _forward(theta, scale, gamma, b, h0, perm, sgn, p2p, has_scale, has_decay)
+    if not _common_case(theta, scale, gamma, b, h0, perm, sgn, p2p):
+        _check(theta, scale, gamma, b, h0, perm, sgn, p2p)
+    forward = _BODIES[int(bool(has_scale)), int(bool(has_decay))][0]
+    return forward(theta, scale, gamma, b, h0, perm, sgn, p2p)
 
 
 @triton_op("mingru::angle_scan_bwd", mutates_args=())
@@ -1011,14 +1375,43 @@ def angle_scan_bwd(
     dc_t = lam_t . L_t(h_{t-1}) (dscale = dc * gamma^[has_decay], dgamma = dc * scale^[has_scale]) and dtheta
     through the layers. dscale / dgamma are zeros unless their flag is set. Raises as the forward does.
     """
-    _check(theta, scale, gamma, b, h0, perm, sgn, p2p)
-    for name, value in (("out", out), ("grad_out", grad_out)):
-        if value.shape != b.shape or value.dtype != b.dtype or value.device != b.device:
-            raise ValueError(
-                f"{name} must match b (shape {tuple(b.shape)}, {b.dtype}, {b.device}), got shape "
-                f"{tuple(value.shape)}, {value.dtype}, {value.device}"
-            )
-    return _backward(theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p, has_scale, has_decay)
+    common = _common_case(theta, scale, gamma, b, h0, perm, sgn, p2p)
+    if not (common and _adjoint_case(theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p) == common):
+        _check(theta, scale, gamma, b, h0, perm, sgn, p2p)
+        for name, value in (("out", out), ("grad_out", grad_out)):
+            if value.shape != b.shape or value.dtype != b.dtype or value.device != b.device:
+                raise ValueError(
+                    f"{name} must match b (shape {tuple(b.shape)}, {b.dtype}, {b.device}), got shape "
+                    f"{tuple(value.shape)}, {value.dtype}, {value.device}"
+                )
+    backward = _BODIES[int(bool(has_scale)), int(bool(has_decay))][1]
+    return backward(theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p)
+
+
+_Body = Callable[..., Any]
+
+
+def _bodies(has_scale: int, has_decay: int) -> tuple[_Body, _Body]:
+    """The forward's and the adjoint's launches with the flags bound, on checked inputs, each replayed from
+    launch recipes per kind of input (:mod:`mingru_triton._recipes`; keys :func:`_common_case`,
+    :func:`_adjoint_case`)."""
+    name = f"angle_scan_{'scale_' if has_scale else ''}{'decay_' if has_decay else ''}"
+
+    @_recipes.replayed(name + "fwd", _common_case)
+    def forward(*inputs: Tensor) -> Tensor:
+        theta, scale, gamma, b, h0, perm, sgn, p2p = inputs
+        return _forward(theta, scale, gamma, b, h0, perm, sgn, p2p, has_scale, has_decay)
+
+    @_recipes.replayed(name + "bwd", _adjoint_case)
+    def backward(*inputs: Tensor) -> tuple[Tensor, ...]:
+        theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p = inputs
+        return _backward(theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p, has_scale, has_decay)
+
+    return forward, backward
+
+
+_BODIES = {(s, d): _bodies(s, d) for s in (0, 1) for d in (0, 1)}
+"""(forward, adjoint) bodies by (has_scale, has_decay): :func:`_forward` / :func:`_backward` with recipes."""
 
 
 def _setup_context(ctx: object, inputs: tuple[object, ...], output: Tensor) -> None:
@@ -1046,18 +1439,16 @@ def _eager(has_scale: int, has_decay: int) -> Callable[..., Tensor]:
         theta, scale, gamma, b, h0, perm, sgn, p2p = inputs
         return angle_scan_fwd(theta, scale, gamma, b, h0, perm, sgn, p2p, has_scale, has_decay)
 
-    def forward(*inputs: Tensor) -> Tensor:
-        theta, scale, gamma, b, h0, perm, sgn, p2p = inputs
-        return _forward(theta, scale, gamma, b, h0, perm, sgn, p2p, has_scale, has_decay)
+    forward_body, backward_body = _BODIES[has_scale, has_decay]
 
     def backward(*saved: Tensor) -> tuple[Tensor | None, ...]:
         theta, scale, gamma, h0, out, perm, sgn, p2p, grad = saved
         grad = grad.to(out.dtype)
-        grads = _backward(theta, scale, gamma, h0, out, grad, perm, sgn, p2p, has_scale, has_decay)
+        grads = backward_body(theta, scale, gamma, h0, out, grad, perm, sgn, p2p)
         return (*grads, None, None, None)
 
     return eager_path(
-        name, op, forward, backward, lambda x, out: (x[0], x[1], x[2], x[4], out, x[5], x[6], x[7])
+        name, op, forward_body, backward, lambda x, out: (x[0], x[1], x[2], x[4], out, x[5], x[6], x[7])
     )
 
 
