@@ -1,8 +1,8 @@
 """Host overhead per call: where a scan op is bound by Python and launches rather than by the GPU.
 
 For each shape, each call (the k = 1 and log recurrences of mingru, forward and forward+backward, on the
-layers' path and, marked "op", through the ``torch.library`` ops; accelerated-scan when installed) is timed
-three ways on CUDA:
+layers' path and, marked "op", through the ``torch.library`` ops; the angle scan with k = 8, R = 1 and D / 8
+heads on the layers' path; accelerated-scan when installed) is timed three ways on CUDA:
 
 - ``wall``: a loop of calls, synchronised only at the ends, over the number of calls (host-bound when the
   host is slower than the GPU);
@@ -47,7 +47,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mingru.scans.angle import default_angle_layout
 from mingru_triton import _recipes, linear, log
+from mingru_triton.impls import angle_scan_impl
 
 SHAPES = "8x16x1024,8x1024x1024,8x16384x1024"
 
@@ -64,8 +66,22 @@ def calls(shape: tuple[int, int, int], device: torch.device, with_peer: bool) ->
     leaves = [x.clone().requires_grad_() for x in (a, b, h0)]
     log_leaves = [x.clone().requires_grad_() for x in (lc, b, h0)]
 
-    def grads(op: Callable[..., Tensor], inputs: list[Tensor]) -> Callable[[], Any]:
-        return lambda: torch.autograd.grad(op(*inputs), inputs, grad)
+    def grads(op: Callable[..., Tensor], inputs: list[Tensor], out_grad: Tensor = grad) -> Callable[[], Any]:
+        return lambda: torch.autograd.grad(op(*inputs), inputs, out_grad)
+
+    steps, heads = shape[1], max(1, width // 8)
+    angle_inputs = [
+        torch.randn(batch, steps, heads, 1, 4, device=device, generator=gen),
+        *(torch.rand(batch, steps, heads, device=device, generator=gen) * 0.5 + 0.5 for _ in range(2)),
+        torch.randn(batch, steps, heads, 8, device=device, generator=gen),
+        torch.randn(batch, heads, 8, device=device, generator=gen),
+    ]
+    angle_leaves = [x.clone().requires_grad_() for x in angle_inputs]
+    angle_grad = torch.randn(batch, steps, heads, 8, device=device, generator=gen)
+    layout = [t.to(device) for t in default_angle_layout(8, 1)]
+
+    def angle_scan(*x: Tensor) -> Tensor:
+        return angle_scan_impl(*x, *layout, has_scale=1, has_decay=1)
 
     found: dict[str, Callable[[], Any]] = {
         "mingru k=1 fwd": lambda: linear.recurrence(a, b, h0),
@@ -74,6 +90,8 @@ def calls(shape: tuple[int, int, int], device: torch.device, with_peer: bool) ->
         "mingru log fwd": lambda: log.recurrence(lc, b, h0),
         "mingru log fwd+bwd": grads(log.recurrence, log_leaves),
         "mingru log fwd+bwd, op": grads(log.log_recurrence_fwd, log_leaves),
+        "mingru angle fwd": lambda: angle_scan(*angle_inputs),
+        "mingru angle fwd+bwd": grads(angle_scan, angle_leaves, angle_grad),
     }
     if with_peer:
         a_t, b_t = (x.transpose(1, 2).contiguous() for x in (a, b))

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 import torch
-from kernel_cases import gates, marked, on_cuda
+from kernel_cases import gates, marked, on_cuda, on_interpreter
 from torch import Tensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 pytest.importorskip("mingru_triton.linear")
 
-from mingru_triton import _launch, _recipes, linear, log
+from mingru.scans.angle import default_angle_layout
+from mingru_triton import _launch, _recipes, angle, linear, log
 
 
 class _Driver:
@@ -180,6 +181,91 @@ def test_cpu_tensors_run_the_body_without_the_stand_in() -> None:
     assert calls[0] == 3
 
 
+def _interpreted_launcher(
+    g0: int, g1: int, g2: int, stream: int, function: Any, packed: Any, *rest: Any
+) -> None:
+    """A stand-in compiled launcher that runs ``function`` = (an interpreted kernel, its constants)."""
+    kernel, meta = function
+    with _disable_current_modes():
+        kernel[(g0, g1, g2)](*rest[3:], **meta)
+
+
+def _recorded_launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
+    """``launch`` of the kernel modules, noted by an active recorder with :func:`_interpreted_launcher`."""
+    recorder = _recipes.recorder()
+    if recorder is not None:
+        recorder.launch((_interpreted_launcher, (kernel, meta), None, ()), grid, args)
+    _interpreted_launcher(*grid, *(1,) * (3 - len(grid)), 0, (kernel, meta), None, None, None, None, *args)
+
+
+def _angle_inputs(steps: int, layers: int, dtype: torch.dtype, seed: int) -> list[Tensor]:
+    """theta, scale, gamma, b, h0, perm, sgn, p2p of an angle scan (B, n, k) = (2, 3, 8)."""
+    gen = torch.Generator().manual_seed(seed)
+    theta = torch.randn(2, steps, 3, layers, 4, generator=gen).to(dtype)
+    scale, gamma = (gates((2, steps, 3), dtype, torch.device("cpu"), generator=gen) for _ in range(2))
+    b = torch.randn(2, steps, 3, 8, generator=gen).to(dtype)
+    h0 = torch.randn(2, 3, 8, generator=gen).to(dtype)
+    return [theta, scale, gamma, b, h0, *default_angle_layout(8, layers)]
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize(("steps", "layers"), [(7, 1), (130, 1), (130, 2)])  # sequential, pairs, dense
+def test_angle_bodies_replay_their_launches(
+    fake_cache: None, monkeypatch: pytest.MonkeyPatch, steps: int, layers: int
+) -> None:
+    """The angle forward and adjoint bodies do nothing but allocate and launch: recorded at the second call
+    of a kind, replayed at the third with the bits of the first (the body; kernels interpreted, on CPU)."""
+    monkeypatch.setattr(angle, "launch", _recorded_launch)
+    _recipes.clear()
+    inputs = _angle_inputs(steps, layers, torch.float32, seed=steps + layers)
+    theta, scale, gamma, b, h0, perm, sgn, p2p = inputs
+    grad = torch.randn(b.shape, generator=torch.Generator().manual_seed(1))
+    forward, backward = angle._BODIES[1, 1]
+    results = []
+    for _ in range(3):
+        h = forward(*inputs)
+        results.append((h, *backward(theta, scale, gamma, h0, h, grad, perm, sgn, p2p)))
+    for body in (forward, backward):
+        assert _replays(body.recipes) == 1, body.recipes.why
+    names = ("h", "dtheta", "dscale", "dgamma", "db", "dh0")
+    for later in results[1:]:
+        for name, got, want in zip(names, later, results[0], strict=True):
+            assert torch.equal(got, want), name
+
+
+@marked(on_interpreter)
+def test_angle_common_case_holds_only_for_valid_inputs(fake_cache: None) -> None:
+    """The one-pass input test of the angle ops: a key for valid inputs, False for every kind of wrong one
+    (the detailed checks then name it)."""
+    inputs = _angle_inputs(5, 2, torch.float32, seed=3)
+    key = angle._common_case(*inputs)
+    assert key == (torch.Size((2, 5, 3, 8)), torch.float32, 2, torch.int64, torch.float32, torch.int64)
+    theta, scale, gamma, b, h0, perm, sgn, p2p = inputs
+    wrong = {
+        "theta's shape": (theta[..., :3], 0),
+        "scale's shape": (scale[:, :4], 1),
+        "gamma's dtype": (gamma.double(), 2),
+        "b's rank": (b[0], 3),
+        "k odd": (torch.randn(2, 5, 3, 7), 3),
+        "h0's shape": (h0[:1], 4),
+        "perm's dtype": (perm.float(), 5),
+        "sgn's dtype": (sgn.long(), 6),
+        "p2p's shape": (p2p[:1], 7),
+        "a subclass": (b.as_subclass(_Subclass), 3),
+        "another device": (h0.to("meta"), 4),
+    }
+    for name, (value, index) in wrong.items():
+        changed = list(inputs)
+        changed[index] = value
+        assert not angle._common_case(*changed), name
+    assert not angle._common_case(*_angle_inputs(0, 2, torch.float32, seed=3)), "empty"
+    assert not angle._common_case(*_angle_inputs(5, 0, torch.float32, seed=3)), "no rotation layer"
+
+
+class _Subclass(Tensor):
+    pass
+
+
 # ------------------------------------------------------------------------------------------------ CUDA
 
 
@@ -223,3 +309,35 @@ def test_recorded_ops_give_the_bits_of_triton_launches(shape: tuple[int, ...], d
         for result in got:
             for want, have in zip(_as_tuple(expected), _as_tuple(result), strict=True):
                 assert (want is None and have is None) or torch.equal(want, have), name
+
+
+@marked(on_cuda)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("steps", "layers"), [(4096, 1), (300, 2), (37, 1), (2048, 4)])
+def test_recorded_angle_bodies_give_the_bits_of_triton_launches(
+    steps: int, layers: int, dtype: torch.dtype
+) -> None:
+    _recipes.clear()
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(steps)
+    theta = torch.randn(8, steps, 16, layers, 4, generator=gen).to(device, dtype)
+    scale, gamma = (gates((8, steps, 16), dtype, device, generator=gen) for _ in range(2))
+    b, grad = (torch.randn(8, steps, 16, 8, generator=gen).to(device, dtype) for _ in range(2))
+    h0 = torch.randn(8, 16, 8, generator=gen).to(device, dtype)
+    perm, sgn, p2p = (t.to(device) for t in default_angle_layout(8, layers))
+    forward, backward = angle._BODIES[1, 1]
+    with _launch.via_triton():
+        h_want = _launch._run_eagerly(forward, (theta, scale, gamma, b, h0, perm, sgn, p2p))
+        want = (
+            h_want,
+            *_launch._run_eagerly(backward, (theta, scale, gamma, h0, h_want, grad, perm, sgn, p2p)),
+        )
+    for _ in range(3):
+        h = _launch._run_eagerly(forward, (theta, scale, gamma, b, h0, perm, sgn, p2p))
+        got = (h, *_launch._run_eagerly(backward, (theta, scale, gamma, h0, h, grad, perm, sgn, p2p)))
+        for name, have, expected in zip(
+            ("h", "dtheta", "dscale", "dgamma", "db", "dh0"), got, want, strict=True
+        ):
+            assert torch.equal(have, expected), name
+    for body in (forward, backward):
+        assert _replays(body.recipes) == 1, body.recipes.why

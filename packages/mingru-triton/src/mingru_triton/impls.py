@@ -220,16 +220,15 @@ def angle_scan_impl(
     fit the kernel (shapes, devices, dtypes, k or R outside its envelope) or when the launch fails.
     The layout's values (involution, signs) are the caller's to validate (the layers do it once).
     """
-    try:
-        check_angle_inputs(theta, scale, gamma, b, h0, perm, sgn, p2p)
-    except (TypeError, ValueError) as exc:
-        raise ScanFallback(f"the angle kernel cannot take these inputs: {exc.args[0]}") from exc
-    floats = {"theta": theta, "scale": scale, "gamma": gamma, "b": b, "h0": h0}
-    reason = _first(
-        _common_envelope("angle", floats),
-        None if perm.device == b.device and p2p.device == b.device else "perm and p2p must be on b's device",
-        angle.angle_envelope(theta, b),
-    )
+    reason = None
+    if not angle._common_case(theta, scale, gamma, b, h0, perm, sgn, p2p):  # one test on CUDA
+        try:
+            check_angle_inputs(theta, scale, gamma, b, h0, perm, sgn, p2p)
+        except (TypeError, ValueError) as exc:
+            raise ScanFallback(f"the angle kernel cannot take these inputs: {exc.args[0]}") from exc
+        floats = {"theta": theta, "scale": scale, "gamma": gamma, "b": b, "h0": h0}
+        # (check_angle_inputs has put perm, sgn and p2p on b's device)
+        reason = _first(_common_envelope("angle", floats), angle.angle_envelope(theta, b))
     flags = (int(bool(has_scale)), int(bool(has_decay)))
     args = (theta, scale, gamma, b, h0, perm, sgn, p2p, *flags)
     return _run("angle", reason, lambda: angle.scan(*args))
