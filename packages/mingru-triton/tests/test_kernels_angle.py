@@ -1,8 +1,9 @@
 """The angle-fused scan kernels (``mingru::angle_scan_fwd`` / ``_bwd``) against the float64 eager reference.
 
-Interpreter tests (CPU tensors, small shapes) cover both strategies, every flag combination, reflections,
-random layouts, int32/int64 layouts, bf16, non-contiguous inputs, gradcheck and the envelope; CUDA tests
-repeat the comparisons at real sizes, including one input past 2^31 elements.
+Interpreter tests (CPU tensors, small shapes) cover every strategy (the single pass of R = 1 with look-backs
+over unpublished tiles), every flag combination, reflections, random layouts, int32/int64 layouts, bf16,
+non-contiguous inputs, gradcheck and the envelope; CUDA tests repeat the comparisons at real sizes, including
+one input past 2^31 elements, and check that the single pass repeats its bits.
 """
 
 from __future__ import annotations
