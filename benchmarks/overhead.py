@@ -22,6 +22,7 @@ where that host time goes. ``--smoke`` runs on the CPU under the Triton interpre
     python benchmarks/overhead.py                                   # on a CUDA machine
     python benchmarks/overhead.py --shapes 8x16x1024,8x1024x1024 --calls 500
     python benchmarks/overhead.py --shapes 8x1024x1024 --profile "k=1 fwd+bwd"
+    python benchmarks/overhead.py --shapes 8x16x1024,8x1024x1024 --only angle
     python benchmarks/overhead.py --smoke
 """
 
@@ -162,6 +163,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=300, help="calls in the wall-clock loop")
     parser.add_argument("--rep", type=int, default=30, help="do_bench rep in ms")
     parser.add_argument("--profile", default=None, metavar="NAME", help="cProfile calls named like NAME")
+    parser.add_argument("--only", default=None, metavar="NAME", help="time only the calls named like NAME")
     parser.add_argument(
         "--recipes",
         choices=("both", "on", "off"),
@@ -188,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for shape in args.shapes:
         print(f"\n{'x'.join(map(str, shape))}")
         for name, fn in calls(shape, device, with_peer).items():
+            if args.only is not None and args.only not in name:
+                continue
             ours = name.startswith("mingru")
             for recipes in ("on", "off") if ours and args.recipes == "both" else (args.recipes,):
                 label = f"{name}, no recipes" if ours and recipes == "off" else name
