@@ -227,7 +227,7 @@ def angle_scan_impl(
         except (TypeError, ValueError) as exc:
             raise ScanFallback(f"the angle kernel cannot take these inputs: {exc.args[0]}") from exc
         floats = {"theta": theta, "scale": scale, "gamma": gamma, "b": b, "h0": h0}
-        # (check_angle_inputs has put perm, sgn and p2p on b's device)
+        # (check_angle_inputs has checked that perm, sgn and p2p are on b's device)
         reason = _first(_common_envelope("angle", floats), angle.angle_envelope(theta, b))
     flags = (int(bool(has_scale)), int(bool(has_decay)))
     args = (theta, scale, gamma, b, h0, perm, sgn, p2p, *flags)
