@@ -253,6 +253,7 @@ def test_angle_common_case_holds_only_for_valid_inputs(fake_cache: None) -> None
         "p2p's shape": (p2p[:1], 7),
         "a subclass": (b.as_subclass(_Subclass), 3),
         "another device": (h0.to("meta"), 4),
+        "perm not a tensor": (perm.tolist(), 5),
     }
     for name, (value, index) in wrong.items():
         changed = list(inputs)

@@ -1096,7 +1096,9 @@ def _common_case(
     R >= 1 and no empty input. The key is (b's shape, its dtype, R, the layout's dtypes). Callers skip their
     detailed checks where it holds: those name what is wrong, and cost tens of microseconds of host time per
     call."""
-    if type(b) not in _PLAIN or b.dim() != 4 or b.dtype not in FLOAT_DTYPES or perm.dim() != 2:
+    if type(b) not in _PLAIN or type(perm) not in _PLAIN or b.dim() != 4 or perm.dim() != 2:
+        return False
+    if b.dtype not in FLOAT_DTYPES:
         return False
     # Devices by CUDA flag and index (a torch.device per tensor costs more); other types (the tests' CPU
     # stand-ins) by the device itself.
