@@ -358,8 +358,8 @@ class TestInterpreted:
             check_against_reference(inputs, layout_for("random", 8, 1, seed=7), 1, 1)
             wide = make_inputs(1, 35, 3, 4, 1, torch.float64, torch.device("cpu"), seed=16)
             check_against_reference(wide, random_layout(4, 1, seed=8), 1, 1)
-            flat_grad(make_inputs(1, 19, 2, 4, 1, torch.float64, torch.device("cpu"), seed=17), layout_for(
-                "reflect", 4, 1), 1, 1)  # fmt: skip
+            wide = make_inputs(1, 19, 2, 4, 1, torch.float64, torch.device("cpu"), seed=17)
+            flat_grad(wide, layout_for("reflect", 4, 1), 1, 1)
             theta, scale, gamma, b, h0 = make_inputs(2, 21, 2, 4, 1, torch.float32, torch.device("cpu"), 18)
             views = [
                 theta.transpose(0, 2).contiguous().transpose(0, 2),

@@ -1237,10 +1237,11 @@ def _lookback(
     per tile) on ``args``, its tensors, with its summary and status buffers; ``like`` (B, T, n, k) gives the
     sizes and the carry dtype."""
     batch, steps, heads, k = like.shape
-    block_h, warps = plan.pairs or (plan.block_h, 1)
+    assert plan.pairs is not None  # a lookback plan holds its tile (:func:`_plan`)
+    block_h, warps = plan.pairs
     n_blocks = cdiv(heads, block_h)
     chains, tiles_per_chain = batch * n_blocks, cdiv(max(steps, 1), plan.chunk)
-    tiles, columns, work = chains * tiles_per_chain, block_h * max(1, next_pow2(k) // 2), _work_dtype(like)
+    tiles, columns, work = chains * tiles_per_chain, block_h * next_pow2(k) // 2, _work_dtype(like)
     agg = torch.empty(tiles * 6 * columns, device=like.device, dtype=work)
     inc = torch.empty(tiles * 2 * columns, device=like.device, dtype=work)
     status = torch.zeros(tiles + 1, device=like.device, dtype=torch.int32)
@@ -1377,8 +1378,8 @@ def angle_scan_bwd(
     dc_t = lam_t . L_t(h_{t-1}) (dscale = dc * gamma^[has_decay], dgamma = dc * scale^[has_scale]) and dtheta
     through the layers. dscale / dgamma are zeros unless their flag is set. Raises as the forward does.
     """
-    common = _common_case(theta, scale, gamma, b, h0, perm, sgn, p2p)
-    if not (common and _adjoint_case(theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p) == common):
+    like_out = type(b) in _PLAIN and b.shape == out.shape and b.dtype == out.dtype and b.device == out.device
+    if not (like_out and _adjoint_case(theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p)):
         _check(theta, scale, gamma, b, h0, perm, sgn, p2p)
         for name, value in (("out", out), ("grad_out", grad_out)):
             if value.shape != b.shape or value.dtype != b.dtype or value.device != b.device:
