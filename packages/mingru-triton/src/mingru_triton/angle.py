@@ -850,6 +850,14 @@ def _pair_compose(a00, a01, a10, a11, a_l, a_h, b00, b01, b10, b11, b_l, b_h):
 
 
 @triton.jit
+def _pair_apply(a00, a01, a10, a11, a_l, a_h, x_l, x_h):
+    """The pair map (A, a) applied to (x_l, x_h), in explicit fused multiply-adds. The look-back publishes
+    and replays carries through this one formula: left to the compiler, a00 x_l + a01 x_h + a_l was
+    contracted differently at the two sites (an H100 gave gradients that changed from call to call)."""
+    return tl.fma(a00, x_l, tl.fma(a01, x_h, a_l)), tl.fma(a10, x_l, tl.fma(a11, x_h, a_h))
+
+
+@triton.jit
 def _last_step(x, last):
     """Row BLOCK_T - 1 of a (BLOCK_T, BLOCK_Q) tile (``last`` marks it)."""
     return tl.sum(tl.where(last, x, 0.0), axis=0)
@@ -910,9 +918,10 @@ def _lookback_carry(
     the carry (c_l, c_h) entering the tile (``init`` for the chain's first tile). Publishes the summary
     (6 numbers per column, status 1), walks back along its chain to the nearest tile with a published final
     state (status 2), waiting at a tile with no status yet, replays the REPLAY-at-a-time loaded summaries in
-    between in walk order (the carry is the same bits whichever tile the walk stopped at), then publishes
-    its own final state d(carry) (on every SPARSE-th tile; not on the chain's last). ``agg`` (tiles, 6,
-    BLOCK_Q) and ``inc`` (tiles, 2, BLOCK_Q) are in the carry dtype."""
+    between in walk order, then publishes its own final state d(carry) (on every SPARSE-th tile; not on the
+    chain's last). Publishing and replaying both go through :func:`_pair_apply`, so the carry is the same bits
+    whichever tile the walk stopped at. ``agg`` (tiles, 6, BLOCK_Q) and ``inc`` (tiles, 2, BLOCK_Q) are in the
+    carry dtype."""
     status = flag_ptr + tile
     if place == 0:
         c_l, c_h = init_l, init_h
@@ -945,10 +954,11 @@ def _lookback_carry(
                 a11 = tl.load(slot + 3 * BLOCK_Q, mask=use, other=1.0, cache_modifier=".cg")
                 a_l = tl.load(slot + 4 * BLOCK_Q, mask=use, other=0.0, cache_modifier=".cg")
                 a_h = tl.load(slot + 5 * BLOCK_Q, mask=use, other=0.0, cache_modifier=".cg")
-                c_l, c_h = a00 * c_l + a01 * c_h + a_l, a10 * c_l + a11 * c_h + a_h
+                c_l, c_h = _pair_apply(a00, a01, a10, a11, a_l, a_h, c_l, c_h)
     if (place < NT - 1) & (place % SPARSE == 0):
-        tl.store(inc_ptr + tile * 2 * BLOCK_Q + q, d00 * c_l + d01 * c_h + d_l)
-        tl.store(inc_ptr + tile * 2 * BLOCK_Q + BLOCK_Q + q, d10 * c_l + d11 * c_h + d_h)
+        e_l, e_h = _pair_apply(d00, d01, d10, d11, d_l, d_h, c_l, c_h)
+        tl.store(inc_ptr + tile * 2 * BLOCK_Q + q, e_l)
+        tl.store(inc_ptr + tile * 2 * BLOCK_Q + BLOCK_Q + q, e_h)
         tl.debug_barrier()
         tl.atomic_xchg(status, 2, sem="release")
     return c_l, c_h
