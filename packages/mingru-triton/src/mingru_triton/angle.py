@@ -852,8 +852,8 @@ def _pair_compose(a00, a01, a10, a11, a_l, a_h, b00, b01, b10, b11, b_l, b_h):
 @triton.jit
 def _pair_apply(a00, a01, a10, a11, a_l, a_h, x_l, x_h):
     """The pair map (A, a) applied to (x_l, x_h), in explicit fused multiply-adds. The look-back publishes
-    and replays carries through this one formula: left to the compiler, a00 x_l + a01 x_h + a_l was
-    contracted differently at the two sites (an H100 gave gradients that changed from call to call)."""
+    and replays carries through this one formula: left to the compiler, a00 x_l + a01 x_h + a_l can be
+    contracted differently at two sites (with that form an H100 gave gradients that changed between calls)."""
     return tl.fma(a00, x_l, tl.fma(a01, x_h, a_l)), tl.fma(a10, x_l, tl.fma(a11, x_h, a_h))
 
 
