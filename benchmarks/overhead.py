@@ -2,7 +2,8 @@
 
 For each shape, each call (the k = 1 and log recurrences of mingru, forward and forward+backward, on the
 layers' path and, marked "op", through the ``torch.library`` ops; the angle scan with k = 8, R = 1 and D / 8
-heads on the layers' path; accelerated-scan when installed) is timed three ways on CUDA:
+heads on the layers' path; MinGRU's fused gates (log kind, pre (B, T, 2 D)): forward, forward+backward and
+the by-hand adjoint of the recomputed chunks; accelerated-scan when installed) is timed three ways on CUDA:
 
 - ``wall``: a loop of calls, synchronised only at the ends, over the number of calls (host-bound when the
   host is slower than the GPU);
@@ -23,6 +24,7 @@ where that host time goes. ``--smoke`` runs on the CPU under the Triton interpre
     python benchmarks/overhead.py --shapes 8x16x1024,8x1024x1024 --calls 500
     python benchmarks/overhead.py --shapes 8x1024x1024 --profile "k=1 fwd+bwd"
     python benchmarks/overhead.py --shapes 8x16x1024,8x1024x1024 --only angle
+    python benchmarks/overhead.py --shapes 8x16x1024,8x320x1024 --only gated
     python benchmarks/overhead.py --smoke
 """
 
@@ -49,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mingru.scans.angle import default_angle_layout
-from mingru_triton import _recipes, linear, log
+from mingru_triton import _recipes, gated, linear, log
 from mingru_triton.impls import angle_scan_impl
 
 SHAPES = "8x16x1024,8x1024x1024,8x16384x1024"
@@ -84,6 +86,14 @@ def calls(shape: tuple[int, int, int], device: torch.device, with_peer: bool) ->
     def angle_scan(*x: Tensor) -> Tensor:
         return angle_scan_impl(*x, *layout, has_scale=1, has_decay=1)
 
+    # MinGRU's fused gates (log kind) as the recomputed chunks call them: the forward without a graph, the
+    # by-hand adjoint on a gradient in the projection's dtype plus d final
+    pre = torch.randn(batch, steps, 2 * width, device=device, generator=gen)
+    pre_leaves = [pre.clone().requires_grad_(), h0.clone().requires_grad_()]
+    with torch.no_grad():
+        h_gated = gated.recurrence(0, pre, h0)
+    d_final = torch.randn(batch, width, device=device, generator=gen)
+
     found: dict[str, Callable[[], Any]] = {
         "mingru k=1 fwd": lambda: linear.recurrence(a, b, h0),
         "mingru k=1 fwd+bwd": grads(linear.recurrence, leaves),
@@ -93,6 +103,9 @@ def calls(shape: tuple[int, int, int], device: torch.device, with_peer: bool) ->
         "mingru log fwd+bwd, op": grads(log.log_recurrence_fwd, log_leaves),
         "mingru angle fwd": lambda: angle_scan(*angle_inputs),
         "mingru angle fwd+bwd": grads(angle_scan, angle_leaves, angle_grad),
+        "mingru gated fwd": lambda: gated.recurrence(0, pre, h0),
+        "mingru gated fwd+bwd": grads(lambda p, s: gated.recurrence(0, p, s), pre_leaves),
+        "mingru gated adjoint": lambda: gated.adjoint(0, pre, h0, h_gated, grad, d_final),
     }
     if with_peer:
         a_t, b_t = (x.transpose(1, 2).contiguous() for x in (a, b))

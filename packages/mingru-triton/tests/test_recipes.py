@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 pytest.importorskip("mingru_triton.linear")
 
 from mingru.scans.angle import default_angle_layout
-from mingru_triton import _launch, _recipes, angle, linear, log
+from mingru_triton import _launch, _recipes, angle, gated, linear, log
 
 
 class _Driver:
@@ -173,6 +173,29 @@ def test_clear_forgets_every_recipe(fake_cache: None) -> None:
     assert calls[0] == 3
 
 
+def test_a_loose_input_may_have_any_layout_and_is_never_allocated_like(fake_cache: None) -> None:
+    """An input at a ``loose`` position reaches the recipe in the layout its key holds; buffers of its shape
+    are allocated contiguous (never ``empty_like`` of it, which would keep its strides)."""
+    calls = [0]
+
+    @_recipes.replayed("test loose", lambda x, y: (x.shape, x.stride(), y.shape), loose=(1,))
+    def add(x: Tensor, y: Tensor) -> Tensor:
+        calls[0] += 1
+        out = torch.empty(y.shape, dtype=y.dtype)
+        _launch_add(x, y, out, torch.zeros(1))
+        return out
+
+    x = torch.randn(4, 6)
+    ys = [torch.randn(6, 4).t() for _ in range(3)]
+    outs = [add(x, y) for y in ys]
+    assert calls[0] == 2, "the third call ran the body"
+    for y, out in zip(ys, outs, strict=True):
+        assert out.is_contiguous()
+        torch.testing.assert_close(out, (x + y) * 2, rtol=0, atol=0)
+    add(x.t().contiguous().t(), ys[0])  # x is not loose: a non-contiguous x runs the body
+    assert calls[0] == 3
+
+
 def test_cpu_tensors_run_the_body_without_the_stand_in() -> None:
     add, calls = _make_site()
     x, y = torch.randn(3, 4), torch.randn(3, 4)
@@ -267,6 +290,69 @@ class _Subclass(Tensor):
     pass
 
 
+def _gated_inputs(kind: int, steps: int, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
+    """pre (3, T, G 8), h0 (3, 8), a gradient of the states as a time slice of a longer tensor with
+    16-byte aligned rows, and d final, of recurrence ``kind``."""
+    gen = torch.Generator().manual_seed(10 * kind + steps)
+    rows, hidden = 3, 8
+    pre = torch.randn(rows, steps, gated.branches(kind) * hidden, generator=gen).to(device, dtype)
+    state = torch.float64 if dtype == torch.float64 else torch.float32
+    h0 = torch.randn(rows, hidden, generator=gen).to(device, state)
+    longer = torch.randn(rows, steps + 4, hidden, generator=gen).to(device, dtype)
+    d_final = torch.randn(rows, hidden, generator=gen).to(device, state)
+    return [pre, h0, longer[:, 2 : 2 + steps], d_final]
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("kind", [0, 3])  # MinGRU log, MinLSTM log
+def test_gated_bodies_replay_their_launches(
+    fake_cache: None, monkeypatch: pytest.MonkeyPatch, kind: int
+) -> None:
+    """The fused gates' forward, adjoint op and by-hand adjoint (a time slice of the gradient in pre's
+    dtype, d final) record at the second call of a kind and replay at the third with the bits of the
+    first; the slice reaches the recipe as it is."""
+    monkeypatch.setattr(gated, "launch", _recorded_launch)
+    _recipes.clear()
+    pre, h0, grad_slice, d_final = _gated_inputs(kind, 37, torch.float32, torch.device("cpu"))
+    assert not grad_slice.is_contiguous() and grad_slice.data_ptr() % 16 == 0
+    grad = grad_slice.contiguous()
+    forward, backward, by_hand = gated._BODIES[kind]
+    results = []
+    for _ in range(3):
+        h = forward(pre, h0)
+        results.append(
+            (h, *backward(pre, h0, h, grad), *gated.adjoint(kind, pre, h0, h, grad_slice, d_final))
+        )
+    for body in (forward, backward, by_hand):
+        assert _replays(body.recipes) == 1, body.recipes.why
+    for later in results[1:]:
+        for name, got, want in zip(("h", "d pre", "d h0", "d pre", "d h0"), later, results[0], strict=True):
+            assert torch.equal(got, want), name
+    summed = grad.clone()
+    summed[:, -1] += d_final
+    for got, want in zip(results[2][3:], backward(pre, h0, results[0][0], summed), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@marked(on_interpreter)
+def test_gated_adjoint_copies_a_gradient_without_contiguous_rows(
+    fake_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gradient whose (T, H) rows are not contiguous is copied by the body, which then never records
+    (a copy is not an allocation); the results keep their values."""
+    monkeypatch.setattr(gated, "launch", _recorded_launch)
+    _recipes.clear()
+    pre, h0, _, d_final = _gated_inputs(1, 9, torch.float32, torch.device("cpu"))
+    grad = torch.randn(3, 8, 9).transpose(1, 2)
+    h = gated._BODIES[1][0](pre, h0)
+    first = gated.adjoint(1, pre, h0, h, grad, d_final)
+    for _ in range(2):
+        for got, want in zip(gated.adjoint(1, pre, h0, h, grad, d_final), first, strict=True):
+            assert torch.equal(got, want)
+    recipes = gated._BODIES[1][2].recipes
+    assert _replays(recipes) == 0 and "not an allocation" in recipes.why
+
+
 # ------------------------------------------------------------------------------------------------ CUDA
 
 
@@ -342,3 +428,30 @@ def test_recorded_angle_bodies_give_the_bits_of_triton_launches(
             assert torch.equal(have, expected), name
     for body in (forward, backward):
         assert _replays(body.recipes) == 1, body.recipes.why
+
+
+def _gated_calls(kind: int, inputs: list[Tensor]) -> tuple[Tensor, ...]:
+    """h, the adjoint op's (d pre, d h0) and the by-hand adjoint's of recurrence ``kind``, each through its
+    recorded body (eagerly, as the layers call them)."""
+    pre, h0, grad_slice, d_final = inputs
+    forward, backward, _ = gated._BODIES[kind]
+    h = _launch._run_eagerly(forward, (pre, h0))
+    d_op = _launch._run_eagerly(backward, (pre, h0, h, grad_slice.to(h0.dtype).contiguous()))
+    return (h, *d_op, *gated.adjoint(kind, pre, h0, h, grad_slice, d_final))
+
+
+@marked(on_cuda)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("steps", [4096, 37])
+def test_recorded_gated_bodies_give_the_bits_of_triton_launches(steps: int, dtype: torch.dtype) -> None:
+    _recipes.clear()
+    names = ("h", "d pre", "d h0", "d pre by hand", "d h0 by hand")
+    for kind, kind_name in enumerate(gated.KIND_NAMES):
+        inputs = _gated_inputs(kind, steps, dtype, torch.device("cuda"))
+        with _launch.via_triton():
+            want = _gated_calls(kind, inputs)
+        for _ in range(3):
+            for name, have, expected in zip(names, _gated_calls(kind, inputs), want, strict=True):
+                assert torch.equal(have, expected), f"{kind_name}: {name}"
+        for body in gated._BODIES[kind]:
+            assert _replays(body.recipes) == 1, f"{kind_name}: {body.recipes.why}"

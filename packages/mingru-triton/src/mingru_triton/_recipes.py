@@ -15,10 +15,11 @@ that kind of input on the body for good. The first call of each kind runs the bo
 the second records.
 
 A replay runs where the body would launch directly (an eager op body, no ``torch.compile`` tracing) on CUDA
-tensors, each input 16-byte aligned and contiguous, on the recorded current device, with no Triton launch
-hook set and no forcing context of this package active (:func:`overriding`); elsewhere the body runs. The
-kind of input is the call site's key (shapes, dtypes) plus the devices; whatever else a body's launches
-depend on (module constants, heuristics) is taken as fixed: :func:`clear` forgets every recipe.
+tensors, each input 16-byte aligned and contiguous (or of a layout the key holds), on the recorded current
+device, with no Triton launch hook set and no forcing context of this package active (:func:`overriding`);
+elsewhere the body runs. The kind of input is the call site's key (shapes, dtypes) plus the devices;
+whatever else a body's launches depend on (module constants, heuristics) is taken as fixed: :func:`clear`
+forgets every recipe.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.inputs = len(inputs)
         self.slot: dict[tuple[Any, ...], int] = {_ident(t): i for i, t in enumerate(inputs)}
-        self.like = {(t.shape, t.dtype): i for i, t in reversed(list(enumerate(inputs)))}
-        """An input of each (shape, dtype): buffers of its kind are allocated like it (cheaper)."""
+        self.like = {(t.shape, t.dtype): i for i, t in reversed(list(enumerate(inputs))) if t.is_contiguous()}
+        """A contiguous input of each (shape, dtype): buffers of its kind are allocated like it (cheaper)."""
         self.count = len(inputs)
         self.steps: list[tuple[Any, ...]] = []
         self.failure: str | None = None
@@ -203,10 +204,13 @@ class Recipes:
     """The recipes of one call site, by kind of input: ``recipes.run(body, inputs, key)`` returns
     ``body(*inputs)``, by replay where a recipe of ``key`` (and the inputs' device) exists and the replay's
     conditions hold (module docstring). ``key`` must hold everything about the inputs the body's steps
-    depend on besides the device (shapes, dtypes; the caller has checked the inputs are valid)."""
+    depend on besides the device (shapes, dtypes; the caller has checked the inputs are valid). The inputs
+    at the positions ``loose`` may have any layout: ``key`` then holds their strides too (a body that
+    copies one to make it contiguous is not recorded; one that launches on it as it is, is)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, loose: tuple[int, ...] = ()) -> None:
         self.name = name
+        self.loose = loose
         self.kinds: dict[Any, Any] = {}
         _ALL.append(self)
 
@@ -218,8 +222,9 @@ class Recipes:
             return body(*inputs)
         if not launches.replayable():
             return body(*inputs)
-        for x in inputs:
-            if x.data_ptr() % 16 or not x.is_contiguous():
+        loose = self.loose
+        for position, x in enumerate(inputs):
+            if x.data_ptr() % 16 or not (x.is_contiguous() or position in loose):
                 return body(*inputs)
         current = launches.driver.get_current_device()
         kind = (key, current, device.index)
@@ -265,13 +270,16 @@ def recorder() -> _Recorder | None:
     return getattr(_ACTIVE, "recorder", None)
 
 
-def replayed(name: str, kind: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def replayed(
+    name: str, kind: Callable[..., Any], loose: tuple[int, ...] = ()
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate an op body ``body(*inputs)`` (tensors in, a tensor or a tuple of tensors and None out) with
-    the recipes of its call site: ``kind(*inputs)`` is the key of a valid, common input (shapes, dtype), or
-    something false where the body must run (its checks then name what is wrong)."""
+    the recipes of its call site: ``kind(*inputs)`` is the key of a valid, common input (shapes, dtype, and
+    the strides of the inputs at the positions ``loose``: :class:`Recipes`), or something false where the
+    body must run (its checks then name what is wrong)."""
 
     def wrap(body: Callable[..., Any]) -> Callable[..., Any]:
-        recipes = Recipes(name)
+        recipes = Recipes(name, loose)
 
         @functools.wraps(body)
         def call(*inputs: Tensor) -> Any:

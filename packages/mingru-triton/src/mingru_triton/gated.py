@@ -354,7 +354,7 @@ def gated_envelope(pre: Tensor, h0: Tensor, kind: int) -> str | None:
             f"the fused {KIND_NAMES[kind]} kernel takes pre (B, T, {g} H) with T >= 1 and H >= 1, "
             f"got {tuple(pre.shape)}"
         )
-    want = torch.promote_types(pre.dtype, torch.float32)
+    want = _STATE_DTYPE.get(pre.dtype) or torch.promote_types(pre.dtype, torch.float32)
     if tuple(h0.shape) != (pre.shape[0], pre.shape[2] // g) or h0.dtype != want:
         return (
             f"the fused {KIND_NAMES[kind]} kernel takes h0 ({pre.shape[0]}, {pre.shape[2] // g}) in {want}, "
@@ -376,7 +376,7 @@ def _common_case(pre: Tensor, h0: Tensor, kind: int, states: dict[str, Tensor]) 
     state = _STATE_DTYPE.get(pre.dtype)
     if not 0 <= kind < len(KINDS) or pre.dim() != 3 or state is None:
         return False
-    if pre.device.type != "cuda" or h0.device != pre.device:
+    if pre.device.type not in _recipes._DEVICES or h0.device != pre.device:  # CUDA (tests: CPU stand-ins)
         return False
     rows, length, gh = pre.shape
     g = branches(kind)
@@ -535,7 +535,7 @@ def adjoint(
         if d_final is not None:
             grad.select(1, -1).add_(d_final)
         return gated_recurrence_bwd(pre, h0, h, grad, kind)
-    return _run_eagerly(_backward, (pre, h0, h, grad_h, kind, d_final, True))
+    return _run_eagerly(_BODIES[kind][2], tensors)
 
 
 @triton_op("mingru::gated_recurrence_fwd", mutates_args=())
@@ -543,7 +543,9 @@ def gated_recurrence_fwd(pre: Tensor, h0: Tensor, kind: int) -> Tensor:
     """MinGRU/MinLSTM recurrence ``kind`` (index into :data:`KINDS`) from its pre-activations, fused:
     pre (B, T, G H), h0 (B, H) in the state dtype -> h (B, T, H) in the state dtype (float32; float64 for
     float64 ``pre``). Raises TypeError/ValueError on bad dtypes, shapes or devices."""
-    return _forward(pre, h0, kind)
+    if type(kind) is int and 0 <= kind < len(KINDS):
+        return _BODIES[kind][0](pre, h0)
+    return _forward(pre, h0, kind)  # raises, naming the kind
 
 
 @triton_op("mingru::gated_recurrence_bwd", mutates_args=())
@@ -551,7 +553,9 @@ def gated_recurrence_bwd(
     pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, kind: int
 ) -> tuple[Tensor, Tensor]:
     """Adjoint of :func:`gated_recurrence_fwd` -> (d pre (B, T, G H) in pre's dtype, d h0 (B, H))."""
-    return _backward(pre, h0, h, grad_h, kind)
+    if type(kind) is int and 0 <= kind < len(KINDS):
+        return _BODIES[kind][1](pre, h0, h, grad_h)
+    return _backward(pre, h0, h, grad_h, kind)  # raises, naming the kind
 
 
 def _setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, int], output: Tensor) -> None:
@@ -569,14 +573,45 @@ def _backward_op(ctx: Any, grad_h: Tensor | None) -> tuple[Tensor, Tensor, None]
 gated_recurrence_fwd.register_autograd(_backward_op, setup_context=_setup_context)
 
 
+def _bodies(kind: int) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """The eager bodies of recurrence ``kind``, each replayed from launch recipes (:mod:`._recipes`):
+    ``forward(pre, h0)``, ``backward(pre, h0, h, grad_h)`` (the op's adjoint) and ``adjoint(pre, h0, h,
+    grad_h[, d_final])`` (:func:`adjoint`'s, on inputs it has checked; ``grad_h`` of any layout, its strides
+    in the key: a time slice with contiguous rows is read in place, by the recipe too)."""
+    name = "gated " + KIND_NAMES[kind]
+
+    def inputs(pre: Tensor, h0: Tensor) -> Any:
+        return _common_case(pre, h0, kind, {}) and (pre.shape, pre.dtype)
+
+    def states(pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> Any:
+        return _common_case(pre, h0, kind, {"h": h, "grad_h": grad_h}) and (pre.shape, pre.dtype)
+
+    def checked(pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, *d_final: Tensor) -> Any:
+        return (pre.shape, pre.dtype, grad_h.dtype, grad_h.stride(), len(d_final))
+
+    @_recipes.replayed(name + " fwd", inputs)
+    def forward(pre: Tensor, h0: Tensor) -> Tensor:
+        return _forward(pre, h0, kind)
+
+    @_recipes.replayed(name + " bwd", states)
+    def backward(pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> tuple[Tensor, Tensor]:
+        return _backward(pre, h0, h, grad_h, kind)
+
+    @_recipes.replayed(name + " adjoint", checked, loose=(3,))
+    def adjoint_body(pre: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor, *d_final: Tensor) -> Any:
+        return _backward(pre, h0, h, grad_h, kind, d_final[0] if d_final else None, True)
+
+    return forward, backward, adjoint_body
+
+
+_BODIES = tuple(_bodies(kind) for kind in range(len(KINDS)))
+
+
 def _eager(kind: int) -> Callable[[Tensor, Tensor], Tensor]:
     name = "Gated" + KIND_NAMES[kind].title().replace("-", "")
+    forward, backward, _ = _BODIES[kind]
     return eager_path(
-        name,
-        lambda pre, h0: gated_recurrence_fwd(pre, h0, kind),
-        lambda pre, h0: _forward(pre, h0, kind),
-        lambda pre, h0, h, grad_h: _backward(pre, h0, h, grad_h, kind),
-        lambda inputs, h: (*inputs, h),
+        name, lambda pre, h0: gated_recurrence_fwd(pre, h0, kind), forward, backward, lambda x, h: (*x, h)
     )
 
 
