@@ -232,12 +232,15 @@ class TestInterpreted:
         assert _strategy(1, 127, 4, 16, 1, cpu)[0] == "sequential"  # shorter than two chunks
         assert _strategy(1, 128, 4, 16, 1, cpu) == ("chunked", 64)
 
-    def test_plan(self) -> None:
+    def test_plan(self, monkeypatch: pytest.MonkeyPatch) -> None:
         cpu = torch.device("cpu")
         # (strategy, chunk, vector-path heads, stages, unroll, (summary heads, columns, warps),
         #  (pair-summary heads, warps) for R = 1)
         assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 3, 2, (4, 8, 1), (8, 1))  # k <= 16
-        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1), (2, 1))  # k * R < 64
+        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), (2, 1))  # pair kernels
+        with monkeypatch.context() as patched:  # the vector path at k * R < 64: one stage
+            patched.setattr(angle, "PAIR_SUMMARIES", False)
+            assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1), None)
         assert _plan(8, 4096, 16, 32, 2, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), None)
         assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 3, 2, (2, 16, 1), None)
         assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 3, 2, (1, 16, 1), None)  # only one head

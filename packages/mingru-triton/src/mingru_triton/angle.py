@@ -16,9 +16,9 @@ Strategies, chosen by :func:`_strategy` from the shapes and the input's element 
   same three phases in reverse time on the adjoint. With one layer (R = 1) each step only mixes the two
   entries of a pair, so the pair kernels hold a pair per thread: a chunk's summary is its 2 x 2 blocks and
   the replays evaluate one cos / sin per pair (:data:`PAIR_SUMMARIES`, :data:`PAIR_REPLAYS`).
-- ``"lookback"`` (R = 1, only where forced until timed on a GPU): a single pass, forward and adjoint; one
-  program per tile of steps x pairs scans its steps' 2 x 2 pair maps and takes its carry by decoupled
-  look-back (:func:`_pair_lookback_kernel`, :func:`_pair_lookback_bwd_kernel`).
+- ``"lookback"`` (R = 1, only where forced: slower than chunked on an H100): a single pass, forward and
+  adjoint; one program per tile of steps x pairs scans its steps' 2 x 2 pair maps and takes its carry by
+  decoupled look-back (:func:`_pair_lookback_kernel`, :func:`_pair_lookback_bwd_kernel`).
 
 Envelope (:func:`angle_envelope`): k even with 2 <= k <= 128, 0 <= R <= 16.
 """
@@ -167,7 +167,8 @@ def _strategy(
     step per chunk) no longer than a chunk.
 
     "lookback" (the single pass of R = 1, forward and adjoint; chunk = its tile's steps) runs only where
-    forced.
+    forced: on an H100 at (8, 4096, 16) its best tile took 1.8x-2.3x the chunked pair kernels' time at k = 8
+    and k = 16, float32 and bfloat16, forward and forward + backward (CUDA graph replay).
     """
     rows = batch * heads
     chunk = sqrt_chunk(steps, 64)
@@ -204,10 +205,12 @@ def _plan(
     batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, itemsize: int = 4
 ) -> _Plan:
     """The strategy with its tiles and step loops. The chunked strategy's vector path takes
-    :data:`CHUNK_TILE` state entries per program; its loops pipeline (3 stages) for k <= 16 or k * R >= 64
-    and unroll by 2 for k <= 16. On an H200 (the shapes of :func:`_strategy`) that ran 1.0x-1.6x faster
-    than without for k <= 16 and 1.1x faster for k = 32, R = 2, but 1.25x slower for k = 32, R = 1 (so not
-    there). The sequential strategy pipelines its loop (3 stages: 2.4x-3.4x faster than without at those
+    :data:`CHUNK_TILE` state entries per program; its loops pipeline (3 stages) for k <= 16, k * R >= 64 or
+    R = 1 (the pair kernels) and unroll by 2 for k <= 16. On an H200 (the shapes of :func:`_strategy`) that
+    ran 1.0x-1.6x faster than without for k <= 16 and 1.1x faster for k = 32, R = 2; at k = 32, R = 1 the
+    vector path was 1.25x slower with it, but the pair kernels that serve R = 1 since were faster (float32
+    0.140 against 0.160 ms forward, 0.335 against 0.356 ms forward + backward; bfloat16 level). The
+    sequential strategy pipelines its loop (3 stages: 2.4x-3.4x faster than without at those
     shapes).
 
     R = 1 runs the pair kernels (:data:`PAIR_SUMMARIES`, tile :func:`_pair_tile`), with half the chunk length
@@ -226,10 +229,10 @@ def _plan(
     if strategy == "sequential":
         return _Plan(strategy, chunk, _block_heads(batch, heads, k, num_sms(device)), 3, 1)
     small = next_pow2(k) <= 16
-    stages = 3 if small or k * layers >= 64 else 1
+    pairs = _pair_tile(heads, k) if layers == 1 and PAIR_SUMMARIES else None
+    stages = 3 if small or k * layers >= 64 or pairs is not None else 1
     unroll = 2 if small else 1
     block_h = min(next_pow2(heads), max(1, CHUNK_TILE // next_pow2(k)))
-    pairs = _pair_tile(heads, k) if layers == 1 and PAIR_SUMMARIES else None
     if pairs is not None and itemsize < 4 and small:
         # 2-byte loads get no asynchronous copies: twice the programs hide their latency instead
         chunk = max(1, chunk // 2)
