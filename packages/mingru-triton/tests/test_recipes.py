@@ -334,6 +334,18 @@ def test_gated_bodies_replay_their_launches(
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_gated_common_case_holds_only_for_valid_non_empty_inputs(fake_cache: None) -> None:
+    """The fused gates' one-pass input test (also ``GATED_IMPLS``'s envelope): true for valid inputs, false
+    for an empty batch, a wrong h0 or state dtype, or an unknown kind."""
+    pre, h0, grad_slice, _ = _gated_inputs(0, 5, torch.float32, torch.device("cpu"))
+    assert gated._common_case(pre, h0, 0, {"grad_h": grad_slice})
+    assert not gated._common_case(pre[:0], h0[:0], 0, {}), "empty batch"
+    assert not gated._common_case(pre, h0.double(), 0, {}), "h0 dtype"
+    assert not gated._common_case(pre, h0, 0, {"h": grad_slice.double()}), "state dtype"
+    assert not gated._common_case(pre, h0, len(gated.KINDS), {}), "kind"
+    assert not gated._common_case(pre, h0, 3, {}), "MinLSTM takes pre (B, T, 3 H)"
+
+
 @marked(on_interpreter)
 def test_gated_adjoint_copies_a_gradient_without_contiguous_rows(
     fake_cache: None, monkeypatch: pytest.MonkeyPatch

@@ -369,8 +369,9 @@ _STATE_DTYPE = {dtype: torch.promote_types(dtype, torch.float32) for dtype in FL
 
 
 def _common_case(pre: Tensor, h0: Tensor, kind: int, states: dict[str, Tensor]) -> bool:
-    """Whether the inputs are plain CUDA tensors of the shapes and dtypes the ops take: one cheap test, the
-    detailed checks of :func:`_check` only when it fails (they cost microseconds of host time per call)."""
+    """Whether the inputs are plain, non-empty CUDA tensors of the shapes and dtypes the ops take: one cheap
+    test, the detailed checks of :func:`_check` only when it fails (they cost microseconds of host time per
+    call). ``GATED_IMPLS`` takes it for its envelope checks too."""
     if type(pre) not in _PLAIN or type(h0) not in _PLAIN or type(kind) is not int:
         return False
     state = _STATE_DTYPE.get(pre.dtype)
@@ -381,7 +382,7 @@ def _common_case(pre: Tensor, h0: Tensor, kind: int, states: dict[str, Tensor]) 
     rows, length, gh = pre.shape
     g = branches(kind)
     hidden = gh // g
-    if length < 1 or hidden < 1 or gh != g * hidden or h0.shape != (rows, hidden):
+    if rows < 1 or length < 1 or hidden < 1 or gh != g * hidden or h0.shape != (rows, hidden):
         return False
     if h0.dtype != state:
         return False

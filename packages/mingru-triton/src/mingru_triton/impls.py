@@ -155,7 +155,7 @@ def _gated_impl(kind: int) -> Callable[[Tensor, Tensor], Tensor | None]:
     op = "log" if gated.KINDS[gated.KIND_NAMES[kind]][1] else "linear"
 
     def run(pre: Tensor, h0: Tensor) -> Tensor | None:
-        if gated._common_case(pre, h0, kind, {}) and pre.shape[0] > 0:  # one cheap test on the hot path
+        if gated._common_case(pre, h0, kind, {}):  # one cheap test on the hot path
             reason = None
         else:
             reason = _first(_common_envelope(op, {"pre": pre, "h0": h0}), gated.gated_envelope(pre, h0, kind))
