@@ -1,7 +1,8 @@
-"""The kernels' single-instruction exp and reciprocal and their bfloat16 widening
+"""The kernels' single-instruction exp and reciprocal, their bfloat16 widening and their sine and cosine
 (:mod:`mingru_triton._math`): when the FAST flag is on, what sm_90 code it gives (compiled on the CPU, no GPU
 needed), and on CUDA that it leaves every output of the gated, log and k = 1 kernels bit for bit as Triton's
-own exp, division and conversion give them."""
+own exp, division and conversion give them; ``sincos`` within 2 units in the last place of the exact values
+(under the interpreter and on CUDA)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ pytest.importorskip("triton")
 
 import triton
 import triton.language as tl
-from kernel_cases import marked, on_cuda
+from kernel_cases import marked, on_cuda, on_interpreter
 
 from mingru.dispatch import interpret_requested
 from mingru_triton import gated, linear
 from mingru_triton import log as log_kernels
 from mingru_triton._launch import fast_math, plain_math
-from mingru_triton._math import fast_div, fast_exp, fast_rcp, widen
+from mingru_triton._math import fast_div, fast_exp, fast_rcp, sincos, widen
 
 
 @triton.jit
@@ -38,6 +39,14 @@ def _special_kernel(x_ptr, y_ptr, FAST: tl.constexpr):
 def _widen_kernel(x_ptr, y_ptr, FAST: tl.constexpr):
     offs = tl.program_id(0) * 1024 + tl.arange(0, 1024)
     tl.store(y_ptr + offs, widen(tl.load(x_ptr + offs), FAST))
+
+
+@triton.jit
+def _sincos_kernel(x_ptr, s_ptr, c_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    s, c = sincos(tl.load(x_ptr + offs))
+    tl.store(s_ptr + offs, s)
+    tl.store(c_ptr + offs, c)
 
 
 def _sm90_ptx(fn, signature: dict[str, str], constants: dict[str, int], num_warps: int) -> str:
@@ -251,3 +260,87 @@ def test_pipelined_walk_gives_the_bits_of_plain_math_in_bfloat16_on_cuda(op: str
     for i, (got, want) in enumerate(zip(fast, plain, strict=True)):
         assert torch.isfinite(got).all(), f"{op}: output {i} is not finite"
         assert torch.equal(got, want), f"{op}: output {i} differs from plain math"
+
+
+SINCOS_BLOCK = 256
+
+
+def _sincos(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sincos` of a float32 or float64 ``x`` (a multiple of SINCOS_BLOCK long), one tile per block."""
+    s, c = torch.empty_like(x), torch.empty_like(x)
+    _sincos_kernel[(x.numel() // SINCOS_BLOCK,)](x, s, c, BLOCK=SINCOS_BLOCK)
+    return s, c
+
+
+def _ulps(got: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """|got - exact| in units of the last place of float32 at |exact| (float64 ``exact``)."""
+    magnitude = exact.abs().float()
+    unit = (torch.nextafter(magnitude, torch.full_like(magnitude, float("inf"))) - magnitude).double()
+    return (got.double() - exact).abs() / unit
+
+
+def _check_sincos(device: str, randoms: int) -> None:
+    """Every reduced range the fast path takes (|x| <= 2^16): random angles, the float32 neighbours of
+    multiples of pi/2 (where the reduced angle is smallest), signed zeros and tiny values, within 2 units in
+    the last place of float64's sine and cosine (a subnormal x gives sin x = x or 0, cos x = 1); then tiles
+    holding an angle past 2^16, an infinity or a NaN, which take Triton's own functions for the whole tile,
+    within 2 units as well (NaN where it should be)."""
+    generator = torch.Generator().manual_seed(5)
+    turns = torch.arange(1, 41723, dtype=torch.float64) * (torch.pi / 2)
+    near = turns.float()
+    parts = [
+        (torch.rand(randoms, generator=generator, dtype=torch.float64) * 2 - 1) * 65536,
+        (torch.rand(randoms, generator=generator, dtype=torch.float64) * 2 - 1) * 4,
+        near, -near, torch.nextafter(near, torch.full_like(near, 1e6)),
+        torch.tensor([0.0, -0.0, 1e-30, -1e-40, 65536.0, -65536.0]),
+    ]  # fmt: skip
+    x = torch.cat([p.float() for p in parts])
+    x = torch.cat([x, x.new_full((-x.numel() % SINCOS_BLOCK,), 0.5)])
+    s, c = _sincos(x.to(device))
+    s, c = s.cpu(), c.cpu()
+    # compiled kernels flush subnormal float32 (|x| < 2^-126) to zero, as Triton's own sin does
+    normal = x.abs() >= torch.finfo(torch.float32).tiny
+    exact = x.double()
+    for name, got, want in (("sin", s, torch.sin(exact)), ("cos", c, torch.cos(exact))):
+        err = _ulps(got[normal], want[normal])
+        worst = int(err.argmax())
+        assert err.max() <= 2.0, f"{name}: {float(err.max()):.2f} ulp at x = {float(x[normal][worst])!r}"
+    tiny = x[~normal]
+    assert ((s[~normal] == tiny) | (s[~normal] == 0)).all() and (c[~normal] == 1).all()
+    zeros = torch.tensor([0.0, -0.0]).repeat(SINCOS_BLOCK // 2)
+    s, c = _sincos(zeros.to(device))
+    assert torch.equal(torch.signbit(s.cpu()), torch.signbit(zeros)), "sin(+-0.0) lost the sign of zero"
+    assert (s == 0).all() and (c == 1).all()
+    # fallback tiles: one entry past the reduction's range takes the whole tile to tl.sin / tl.cos
+    odd = torch.tensor([1e5, -3.0e38, 70000.5, 123456.0])
+    tiles = torch.linspace(-10, 10, 3 * SINCOS_BLOCK).float()
+    tiles[:: SINCOS_BLOCK // 2][: odd.numel()] = odd
+    special = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    tiles[SINCOS_BLOCK * 2 : SINCOS_BLOCK * 2 + 3] = special
+    s, c = _sincos(tiles.to(device))
+    exact = tiles.double()
+    finite = torch.isfinite(tiles)
+    for name, got, want in (("sin", s.cpu(), torch.sin(exact)), ("cos", c.cpu(), torch.cos(exact))):
+        assert got[~finite].isnan().all(), f"{name} of inf / NaN is not NaN"
+        err = _ulps(got[finite], want[finite])
+        assert err.max() <= 2.0, f"{name} in the fallback tiles: {float(err.max()):.2f} ulp"
+
+
+@marked(on_interpreter)
+def test_sincos_within_two_ulps_interpreted() -> None:
+    _check_sincos("cpu", 4096)
+
+
+@marked(on_cuda)
+def test_sincos_within_two_ulps_on_cuda() -> None:
+    _check_sincos("cuda", 1 << 20)
+
+
+@marked(on_cuda)
+def test_sincos_of_float64_is_tl_sin_and_tl_cos_on_cuda() -> None:
+    """float64 keeps Triton's own functions: within 2 units of float64's last place of torch's."""
+    x = torch.linspace(-1e4, 1e4, 64 * SINCOS_BLOCK, dtype=torch.float64, device="cuda")
+    s, c = _sincos(x)
+    for got, want in ((s, torch.sin(x)), (c, torch.cos(x))):
+        unit = torch.nextafter(want.abs(), torch.full_like(want, float("inf"))) - want.abs()
+        assert ((got - want).abs() <= 2 * unit).all()

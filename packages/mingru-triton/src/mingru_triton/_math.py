@@ -1,4 +1,5 @@
-"""Elementwise math of the kernels: exp and reciprocal as single hardware instructions.
+"""Elementwise math of the kernels: exp and reciprocal as single hardware instructions, sine and cosine from
+one range reduction.
 
 Triton's float32 ``tl.exp`` and ``1 / x`` already use the approximate special-function unit (``ex2.approx``,
 and ``rcp`` through ``div.full``), but each wraps it in a range fix-up: a compare and two predicated
@@ -13,6 +14,10 @@ functions it names, not with module attributes. ``FAST`` is a compile-time flag 
 (:func:`mingru_triton._launch.fast_math`): 1 for compiled kernels that accumulate in float32; 0 for float64
 (these instructions have no float64 form) and under the Triton interpreter, which runs no inline assembly.
 With 0 the plain Triton functions run.
+
+:func:`sincos` is not under that flag: it runs in every float32 kernel (the interpreter too) and is exact to
+2 units in the last place, like Triton's own ``tl.sin`` and ``tl.cos`` (CUDA's ``sinf`` and ``cosf``), but
+not bit for bit the same as those.
 """
 
 import triton
@@ -69,3 +74,51 @@ def widen(x, FAST: tl.constexpr):
             is_pure=True, pack=2,
         )  # fmt: skip
     return y
+
+
+@triton.jit
+def _sincos_reduced(x):
+    """(sin x, cos x) for float32 |x| <= 2^16: x = j pi/2 + r with j = round(2x/pi), r from three float32
+    parts of pi/2 by fused multiply-adds (the first exact for such x); sin r and cos r from their Taylor
+    series on |r| <= pi/4 (truncation below 3e-9 relative), then the quadrant j mod 4 picks and signs them."""
+    j = (x * 0.6366197723675814 + 12582912.0) - 12582912.0
+    r = tl.fma(j, -1.5707963705062866, x)
+    r = tl.fma(j, 4.371138828673793e-08, r)
+    r = tl.fma(j, 1.7151245100058819e-15, r)
+    r2 = r * r
+    ps = tl.fma(r2, 2.7557319223985893e-06, -1.9841269841269841e-04)
+    ps = tl.fma(r2, ps, 8.333333333333333e-03)
+    ps = tl.fma(r2, ps, -1.6666666666666666e-01)
+    sin_r = tl.fma(r * r2, ps, r)
+    pc = tl.fma(r2, -2.755731922398589e-07, 2.48015873015873e-05)
+    pc = tl.fma(r2, pc, -1.388888888888889e-03)
+    pc = tl.fma(r2, pc, 4.1666666666666664e-02)
+    pc = tl.fma(r2, pc, -0.5)
+    cos_r = tl.fma(r2, pc, 1.0)
+    q = j.to(tl.int32)
+    odd = (q & 1) != 0
+    s = tl.where(odd, cos_r, sin_r)
+    c = tl.where(odd, sin_r, cos_r)
+    s = tl.where((q & 2) != 0, -s, s)
+    c = tl.where(((q + 1) & 2) != 0, -c, c)
+    # sin(-0) = -0: the reduction's additions give +0 there
+    s = tl.where(x == 0.0, x, s)
+    return s, c
+
+
+@triton.jit
+def sincos(x):
+    """(sin x, cos x) of a float32 or float64 tile. float32: both from one range reduction
+    (:func:`_sincos_reduced`, within 2 units in the last place of the exact values), Triton's ``tl.sin`` and
+    ``tl.cos`` for the whole tile when any entry is above 2^16 in magnitude, infinite or NaN (one integer max
+    over the tile decides); float64: ``tl.sin`` and ``tl.cos``."""
+    if x.dtype == tl.float64:
+        s = tl.sin(x)
+        c = tl.cos(x)
+    else:
+        s, c = _sincos_reduced(x)
+        # 0x47800000: the bits of 2^16; inf and NaN lie above it
+        if tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF) > 0x47800000:
+            s = tl.sin(x)
+            c = tl.cos(x)
+    return s, c
