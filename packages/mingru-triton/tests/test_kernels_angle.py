@@ -554,10 +554,12 @@ class TestCuda:
         with force_strategy(strategy):
             check_against_reference(inputs, random_layout(k, layers, seed=k), 1, 1)
 
+    @pytest.mark.parametrize("layers", [1, 2])
     @pytest.mark.parametrize("steps", [1 << 16, 1 << 18])
-    def test_long_sequences_default_strategy(self, steps: int) -> None:
-        inputs = cuda_inputs(1, steps, 2, 8, 2, torch.float32)
-        check_against_reference(inputs, layout_for("reflect", 8, 2), 1, 1)
+    def test_long_sequences_default_strategy(self, steps: int, layers: int) -> None:
+        """Long T on the default plan (R = 1: the pair kernels, 256 and 512 chunks)."""
+        inputs = cuda_inputs(1, steps, 2, 8, layers, torch.float32)
+        check_against_reference(inputs, layout_for("reflect", 8, layers), 1, 1)
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_gradcheck_fp64(self, strategy: str) -> None:
