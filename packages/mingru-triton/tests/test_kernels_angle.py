@@ -235,26 +235,27 @@ class TestInterpreted:
     def test_plan(self, monkeypatch: pytest.MonkeyPatch) -> None:
         cpu = torch.device("cpu")
         # (strategy, chunk, vector-path heads, stages, unroll, (summary heads, columns, warps),
-        #  (pair-summary heads, warps) for R = 1)
-        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 3, 2, (4, 8, 1), (8, 1))  # k <= 16
-        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), (2, 1))  # pair kernels
+        #  (pair-summary heads, warps) for R = 1, steps per pair-loop iteration)
+        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 3, 2, (4, 8, 1), (8, 1), 4)  # k <= 16
+        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), (2, 1), 4)  # pairs
         with monkeypatch.context() as patched:  # the vector path at k * R < 64: one stage
             patched.setattr(angle, "PAIR_SUMMARIES", False)
-            assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1), None)
-        assert _plan(8, 4096, 16, 32, 2, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), None)
-        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 3, 2, (2, 16, 1), None)
-        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 3, 2, (1, 16, 1), None)  # only one head
-        assert _plan(8, 4096, 16, 64, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 64, 2), (1, 1))
-        assert _plan(8, 4096, 16, 64, 2, cpu) == ("sequential", 4096, 1, 3, 1, (1, 1, 1), None)  # pipelined
+            assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1), None, 1)
+        assert _plan(8, 4096, 16, 32, 2, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), None, 1)
+        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 3, 2, (2, 16, 1), None, 1)
+        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 3, 2, (1, 16, 1), None, 1)  # only one head
+        assert _plan(8, 4096, 16, 64, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 64, 2), (1, 1), 4)
+        sequential = ("sequential", 4096, 1, 3, 1, (1, 1, 1), None, 1)
+        assert _plan(8, 4096, 16, 64, 2, cpu) == sequential  # pipelined
         # pair kernels with 2-byte inputs: half the chunk length up to k = 16
-        assert _plan(8, 4096, 16, 16, 1, cpu, 2) == ("chunked", 32, 2, 3, 2, (2, 16, 1), (4, 1))
+        assert _plan(8, 4096, 16, 16, 1, cpu, 2) == ("chunked", 32, 2, 3, 2, (2, 16, 1), (4, 1), 4)
         assert _plan(8, 4096, 16, 32, 1, cpu, 2).chunk == 64
         assert _plan(8, 4096, 16, 16, 2, cpu, 2).chunk == 64
         with force_strategy("chunked"):
             assert _strategy(64, 1 << 16, 16, 64, 4, cpu)[0] == "chunked"
         # the single pass: the pair kernels' heads, a warp per 256 (step, pair) entries of a 16-step tile
         with force_strategy("lookback"):
-            assert _plan(8, 4096, 16, 8, 1, cpu) == ("lookback", 16, 8, 1, 1, (1, 1, 1), (8, 2))
+            assert _plan(8, 4096, 16, 8, 1, cpu) == ("lookback", 16, 8, 1, 1, (1, 1, 1), (8, 2), 1)
             assert _plan(8, 4096, 16, 128, 1, cpu).pairs == (1, 4)
             assert _plan(1, 7, 3, 2, 1, cpu).pairs == (4, 1)
         with pytest.raises(ValueError, match="strategy must be one of"), force_strategy("parallel"):
@@ -280,7 +281,9 @@ class TestInterpreted:
         monkeypatch.setattr(angle, "PAIR_SUMMARIES", False)
         assert _plan(8, 4096, 16, 8, 1, torch.device("cpu")).pairs is None
 
-    @pytest.mark.parametrize(("pairs", "replays"), [(True, True), (True, False), (False, False)])
+    @pytest.mark.parametrize(
+        ("pairs", "replays", "rows"), [(True, True, 1), (True, True, 8), (True, False, 2), (False, False, 1)]
+    )
     @pytest.mark.parametrize(
         ("batch", "heads", "k", "kind", "steps", "has_scale", "has_decay"),
         [
@@ -296,6 +299,7 @@ class TestInterpreted:
         monkeypatch: pytest.MonkeyPatch,
         pairs: bool,
         replays: bool,
+        rows: int,
         batch: int,
         heads: int,
         k: int,
@@ -305,14 +309,29 @@ class TestInterpreted:
         has_decay: int,
     ) -> None:
         """R = 1, chunked: the pair summaries (2 x 2 blocks) with the pair replays or the vector ones, and the
-        dense k x k summaries, all match."""
+        dense k x k summaries, all match; the pair loops taking 1, 2 or 8 steps per iteration (chunks of 1 to
+        10 steps: whole tiles, partial ones and tiles longer than the chunk)."""
         monkeypatch.setattr(angle, "PAIR_SUMMARIES", pairs)
         monkeypatch.setattr(angle, "PAIR_REPLAYS", replays)
+        monkeypatch.setattr(angle, "PAIR_ROWS", rows)
         inputs = make_inputs(batch, steps, heads, k, 1, torch.float32, torch.device("cpu"), seed=k + steps)
         with force_strategy("chunked"):
             plan = _plan(batch, steps, heads, k, 1, torch.device("cpu"))
             assert plan.strategy == "chunked" and (plan.pairs is not None) == pairs
             check_against_reference(inputs, layout_for(kind, k, 1, seed=steps), has_scale, has_decay)
+
+    @pytest.mark.parametrize(("rows", "chunk", "steps"), [(8, 3, 61), (2, 4, 64), (4, 5, 41)])
+    def test_one_layer_many_chunks(
+        self, monkeypatch: pytest.MonkeyPatch, rows: int, chunk: int, steps: int
+    ) -> None:
+        """R = 1, chunked with many short chunks (21, 16 and 9 of them), so that the carries walk several
+        tiles of chunks, whole and partial; reflections in the layout."""
+        monkeypatch.setattr(angle, "PAIR_ROWS", rows)
+        monkeypatch.setattr(angle, "sqrt_chunk", lambda steps, least: chunk)
+        inputs = make_inputs(2, steps, 3, 8, 1, torch.float32, torch.device("cpu"), seed=steps)
+        with force_strategy("chunked"):
+            assert _plan(2, steps, 3, 8, 1, torch.device("cpu"))[:2] == ("chunked", chunk)
+            check_against_reference(inputs, layout_for("reflect", 8, 1, seed=rows), 1, 1)
 
     def test_one_layer_summaries_gradcheck_fp64(self) -> None:
         inputs = make_inputs(1, 5, 3, 4, 1, torch.float64, torch.device("cpu"), seed=13)

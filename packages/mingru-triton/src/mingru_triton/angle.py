@@ -76,6 +76,9 @@ step instead of one per entry, no exchange between threads. False: the vector pa
 PAIR_TILE = 32
 """Pairs (one per thread; whole heads, at least one) per program of the pair kernels (summaries, carries,
 replays)."""
+PAIR_ROWS = 4
+"""Steps the R = 1 pair summaries and forward replays take per loop iteration: their loads go out together
+and a scan over the rows (in the thread) composes them, so a program waits on memory once per ROWS steps."""
 LOOKBACK_BLOCK_T = 16
 """Steps per tile of the R = 1 single pass (:func:`_pair_lookback_kernel` and its adjoint)."""
 LOOKBACK_REPLAY = 4
@@ -200,6 +203,8 @@ class _Plan(NamedTuple):
     pairs: tuple[int, int] | None = None
     """(heads, warps) of a pair-kernel program (:func:`_pair_tile`) when the summaries keep only the 2 x 2
     pair blocks (R = 1), else None."""
+    rows: int = 1
+    """Steps per iteration of the pair kernels' summary and forward replay loops (:data:`PAIR_ROWS`)."""
 
 
 def _plan(
@@ -237,7 +242,8 @@ def _plan(
     if pairs is not None and itemsize < 4 and small:
         # 2-byte loads get no asynchronous copies: twice the programs hide their latency instead
         chunk = max(1, chunk // 2)
-    return _Plan(strategy, chunk, block_h, stages, unroll, _summary_tile(heads, k, layers), pairs)
+    rows = PAIR_ROWS if pairs is not None else 1
+    return _Plan(strategy, chunk, block_h, stages, unroll, _summary_tile(heads, k, layers), pairs, rows)
 
 
 def _pair_tile(heads: int, k: int) -> tuple[int, int]:
@@ -328,11 +334,11 @@ def _fwd_kernel(
 @triton.jit
 def _gate_grads(
     scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, live, dc,
-    BLOCK_H: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr,
 ):  # fmt: skip
-    """Stores a step's dscale = dc * gamma^[has_decay] and dgamma = dc * scale^[has_scale] for the heads'
-    ``row`` (dc = lam . L(h_{t-1})) and returns c_t (BLOCK_H,)."""
-    factor = tl.full((BLOCK_H,), 1.0, tl.float32).to(WT)
+    """Stores dscale = dc * gamma^[has_decay] and dgamma = dc * scale^[has_scale] at the offsets ``row`` of
+    (head, step) entries (dc = lam . L(h_{t-1}), same shape) and returns their c_t."""
+    factor = tl.full(dc.shape, 1.0, tl.float32).to(WT)
     if HAS_SCALE:
         scale = tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
         factor = factor * scale
@@ -405,7 +411,7 @@ def _bwd_kernel(
             idx = tl.broadcast_to(partners[r][None, :], (BLOCK_H, BLOCK_K))
             x = cs * xs + sides[r][None, :] * sn * tl.gather(xs, idx, 1)
         factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, live, tl.sum(lam * x, axis=1),
-                             BLOCK_H, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+                             HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
         u = lam * factor[:, None]
         for q in tl.static_range(R):
             r = R - 1 - q
@@ -631,33 +637,44 @@ def _pair_tile_start(
 
 
 @triton.jit
-def _pair_rotation(
-    theta_at, scale_at, gamma_at, step, alive,
-    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr,
+def _pair_tile_offsets(bi, heads, m, lo, hi, first, rows, move, T, n, HALF: tl.constexpr, K: tl.constexpr):
+    """Offsets of a (BLOCK_H, BLOCK_K // 2, ROWS) pair tile whose row r is step first + r move: the scalar
+    row (bi T + first) n of its first step (a step moves it by n; theta's entries are HALF per row, those of
+    a (B, T, n, k) tensor K) and the tile's int32 offsets from there into theta (BLOCK_H, BLOCK_K // 2, ROWS),
+    the gates (BLOCK_H, ROWS) and the lo and hi entries of a (B, T, n, k) tensor. Loop-invariant and 32-bit,
+    so that a tile's addresses cost no registers across the step loop."""
+    heads = heads.to(tl.int32)
+    walk = (rows * move)[None, None, :]
+    th_rel = (heads * HALF)[:, None, None] + m[None, :, None] + walk * HALF
+    gate_rel = heads[:, None] + (rows * move)[None, :]
+    at = (heads * K)[:, None, None] + walk * K
+    return (bi * T + first) * n, th_rel, gate_rel, at + lo[None, :, None], at + hi[None, :, None]
+
+
+@triton.jit
+def _pair_step_maps(
+    th_at, sc_at, ga_at, valid, alive, sign_lo, sign_hi,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, TRANSPOSE: tl.constexpr, WT: tl.constexpr,
 ):  # fmt: skip
-    """(c_t cos, c_t sin) of the angles at the pointers ``theta_at`` (BLOCK_H, BLOCK_K // 2) of a pair tile,
-    c_t = scale^[HAS_SCALE] gamma^[HAS_DECAY] at ``scale_at`` and ``gamma_at`` (BLOCK_H,); ``step`` masks the
-    slots, ``alive`` the heads."""
-    th = tl.load(theta_at, mask=step, other=0.0).to(WT)
+    """The 2 x 2 pair blocks (p00, p01, p10, p11) of a (BLOCK_H, BLOCK_K // 2, ROWS) tile of steps at the
+    pointers ``th_at`` (theta) and ``sc_at`` / ``ga_at`` (BLOCK_H, ROWS) (gates): P_t = c_t [[cos sgn_lo,
+    -sin sgn_hi], [sin sgn_lo, cos sgn_hi]], transposed with TRANSPOSE. ``valid`` (the tile's mask) and
+    ``alive`` ((BLOCK_H, ROWS): the live heads, the steps inside the chunk and T) make the other steps the
+    identity."""
+    th = tl.load(th_at, mask=valid, other=0.0).to(WT)
     sn, cs = sincos(th)
     if HAS_SCALE or HAS_DECAY:
         factor = tl.full(alive.shape, 1.0, tl.float32).to(WT)
         if HAS_SCALE:
-            factor = tl.load(scale_at, mask=alive, other=1.0).to(WT)
+            factor = tl.load(sc_at, mask=alive, other=1.0).to(WT)
         if HAS_DECAY:
-            factor = factor * tl.load(gamma_at, mask=alive, other=1.0).to(WT)
-        cs, sn = cs * factor[:, None], sn * factor[:, None]
-    return cs, sn
-
-
-@triton.jit
-def _pair_offsets(bi, heads, m, lo, hi, t, T, n, HALF: tl.constexpr, K: tl.constexpr):
-    """Offsets of a pair tile at step ``t``: into theta (BLOCK_H, BLOCK_K // 2), the heads' row into scale
-    and gamma (BLOCK_H,), the lo and hi entries of a (B, T, n, k) tensor (BLOCK_H, BLOCK_K // 2). A step
-    moves them by n HALF, n and n K: the kernels advance pointers by that instead of recomputing them."""
-    row = (bi * T + t) * n + heads
-    at = (row * K)[:, None]
-    return (row * HALF)[:, None] + m[None, :], row, at + lo[None, :], at + hi[None, :]
+            factor = factor * tl.load(ga_at, mask=alive, other=1.0).to(WT)
+        cs, sn = cs * factor[:, None, :], sn * factor[:, None, :]
+    s_lo = tl.where(valid, sign_lo[None, :, None], 1.0)
+    s_hi = tl.where(valid, sign_hi[None, :, None], 1.0)
+    if TRANSPOSE:
+        return cs * s_lo, sn * s_lo, -sn * s_hi, cs * s_hi
+    return cs * s_lo, -sn * s_hi, sn * s_lo, cs * s_hi
 
 
 @triton.jit
@@ -666,15 +683,17 @@ def _pair_summary_kernel(
     T, n, n_hblocks, NC, CHUNK, PLANE,
     K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, REVERSE: tl.constexpr, FP64: tl.constexpr,
-    STAGES: tl.constexpr, UNROLL: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """Chunked phase 1 for R = 1, where a step only mixes the two entries of each pair (lo, hi): the chunk's
-    matrix keeps the 2 x 2 pair blocks, one per thread, and a step is the block's 2 x 2 product (one cos /
-    sin per pair). Step t's block P_t = c_t [[cos sgn_lo, -sin sgn_hi], [sin sgn_lo, cos sgn_hi]] (forward:
-    M <- P_t M, e <- P_t e + b, M the chunk's product newest on the left and e its zero-start end state);
-    REVERSE: P_t transposed (e <- P_t^T (e + dh_t): e the adjoint carry leaving the chunk when none enters it;
-    ``add`` is the output gradient). Stored per row i with partner p: d_i = M[i, i], o_i = M[i, p], e_i;
-    pairs (3, B, NC, n, k), PLANE = B NC n k apart."""
+    matrix keeps the 2 x 2 pair blocks, one per thread, and a step is the block's 2 x 2 map (one cos / sin
+    per pair). Step t's block P_t = c_t [[cos sgn_lo, -sin sgn_hi], [sin sgn_lo, cos sgn_hi]] (forward:
+    the step maps x -> P_t x + b_t, composed into (M, e), M the chunk's product newest on the left and e its
+    zero-start end state); REVERSE: x -> P_t^T (x + dh_t) towards the chunk's start (e the adjoint carry
+    leaving the chunk when none enters it; ``add`` is the output gradient). The loop takes ROWS steps at a
+    time: their loads go out together and an associative scan over the tile's rows (held in the thread)
+    composes them. Stored per row i with partner p: d_i = M[i, i], o_i = M[i, p], e_i; pairs (3, B, NC, n,
+    k), PLANE = B NC n k apart."""
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
     c = pid % NC
@@ -684,40 +703,36 @@ def _pair_summary_kernel(
     one = tl.full((BLOCK_H, BLOCK_K // 2), 1.0, tl.float32).to(WT)
     m_ll, m_lh, m_hl, m_hh = one, one * 0, one * 0, one
     e_l, e_h = one * 0, one * 0
+    rows = tl.arange(0, ROWS)
+    last = (rows == ROWS - 1)[None, None, :]
     hmask = heads < n
     first = (c * CHUNK).to(tl.int32) + (CHUNK - 1 if REVERSE else 0)
     move = -n if REVERSE else n
-    th_off, row, at_l, at_h = _pair_offsets(bi, heads, m, lo, hi, first, T, n, HALF, K)
-    th_at, sc_at, ga_at = theta_ptr + th_off, scale_ptr + row, gamma_ptr + row
-    add_l_at, add_h_at = add_ptr + at_l, add_ptr + at_h
-    for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        # a vector test: the interpreter takes no scalar in a mask
-        alive = hmask & (heads * 0 + (first - s if REVERSE else first + s) < T)
-        step = live & alive[:, None]
-        add_l = tl.load(add_l_at, mask=step, other=0.0).to(WT)
-        add_h = tl.load(add_h_at, mask=step, other=0.0).to(WT)
-        if REVERSE:
-            e_l, e_h = e_l + add_l, e_h + add_h
-        cs, sn = _pair_rotation(th_at, sc_at, ga_at, step, alive, HAS_SCALE, HAS_DECAY, WT)
-        p00 = cs * sign_lo[None, :]
-        p11 = cs * sign_hi[None, :]
-        if REVERSE:
-            p01 = sn * sign_lo[None, :]
-            p10 = -sn * sign_hi[None, :]
-        else:
-            p01 = -sn * sign_hi[None, :]
-            p10 = sn * sign_lo[None, :]
-        m_ll, m_lh, m_hl, m_hh = (
-            p00 * m_ll + p01 * m_hl, p00 * m_lh + p01 * m_hh, p10 * m_ll + p11 * m_hl, p10 * m_lh + p11 * m_hh
+    # The tile is (heads, slots, steps): the steps last, so that each thread holds all of its pair's steps
+    # (the compiler spreads threads over the leading dimensions when no access is contiguous) and the scan
+    # runs in registers. Pointers: the chunk's first step in walk order, then a step per row along the walk.
+    base, th_rel, gate_rel, rel_l, rel_h = _pair_tile_offsets(bi, heads, m, lo, hi, first, rows, move, T, n,
+                                                              HALF, K)  # fmt: skip
+    for s in tl.range(0, CHUNK, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        walk = s + rows
+        time = first - walk if REVERSE else first + walk
+        alive = hmask[:, None] & ((walk < CHUNK) & (time < T))[None, :]
+        valid = live[:, :, None] & alive[:, None, :]
+        add_l = tl.load(add_ptr + base * K + rel_l, mask=valid, other=0.0).to(WT)
+        add_h = tl.load(add_ptr + base * K + rel_h, mask=valid, other=0.0).to(WT)
+        p00, p01, p10, p11 = _pair_step_maps(
+            theta_ptr + base * HALF + th_rel, scale_ptr + base + gate_rel, gamma_ptr + base + gate_rel, valid,
+            alive, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, REVERSE, WT,
         )  # fmt: skip
-        e_l, e_h = p00 * e_l + p01 * e_h, p10 * e_l + p11 * e_h
-        if not REVERSE:
-            e_l, e_h = e_l + add_l, e_h + add_h
-        th_at += move * HALF
-        sc_at += move
-        ga_at += move
-        add_l_at += move * K
-        add_h_at += move * K
+        if REVERSE:
+            add_l, add_h = p00 * add_l + p01 * add_h, p10 * add_l + p11 * add_h
+        maps = tl.associative_scan((p00, p01, p10, p11, add_l, add_h), 2, _pair_compose)
+        t00, t01, t10, t11, t_l, t_h = maps
+        m_ll, m_lh, m_hl, m_hh, e_l, e_h = _pair_compose(
+            m_ll, m_lh, m_hl, m_hh, e_l, e_h, _tile_end(t00, last), _tile_end(t01, last),
+            _tile_end(t10, last), _tile_end(t11, last), _tile_end(t_l, last), _tile_end(t_h, last),
+        )  # fmt: skip
+        base += ROWS * move
     at = (((bi * NC + c) * n + heads) * K)[:, None]
     tl.store(pairs_ptr + at + lo[None, :], m_ll, mask=live)
     tl.store(pairs_ptr + at + hi[None, :], m_hh, mask=live)
@@ -731,11 +746,13 @@ def _pair_summary_kernel(
 def _pair_carry_kernel(
     pairs_ptr, init_ptr, carry_ptr, perm_ptr, sgn_ptr, p2p_ptr, n, n_hblocks, NC, PLANE,
     K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    REVERSE: tl.constexpr, FP64: tl.constexpr, STAGES: tl.constexpr,
+    REVERSE: tl.constexpr, FP64: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """Chunked phase 2 on pair summaries (:func:`_pair_summary_kernel`) per (batch, head block), a pair per
     thread: carry_c = the state entering chunk c, carry_{c+1,i} = d_i carry_{c,i} + o_i carry_{c,p} + e_i
-    from init (h0 (B, n, k)); REVERSE: from zero, towards chunk 0. carry (B, NC, n, k)."""
+    from init (h0 (B, n, k)); REVERSE: from zero, towards chunk 0. ROWS chunks at a time ((heads, slots,
+    chunks) tiles, a scan over the chunks in the thread, as in :func:`_pair_fwd_kernel`). carry (B, NC, n,
+    k)."""
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
     bi, heads, _, lo, hi, _, _, live = _pair_tile_start(
@@ -748,19 +765,37 @@ def _pair_carry_kernel(
         at = ((bi * n + heads) * K)[:, None]
         x_l = tl.load(init_ptr + at + lo[None, :], mask=live, other=0.0).to(WT)
         x_h = tl.load(init_ptr + at + hi[None, :], mask=live, other=0.0).to(WT)
-    for q in tl.range(0, NC, num_stages=STAGES):
-        c = NC - 1 - q if REVERSE else q
-        at_l = (((bi * NC + c) * n + heads) * K)[:, None] + lo[None, :]
-        at_h = (((bi * NC + c) * n + heads) * K)[:, None] + hi[None, :]
-        tl.store(carry_ptr + at_l, x_l, mask=live)
-        tl.store(carry_ptr + at_h, x_h, mask=live)
-        d_l = tl.load(pairs_ptr + at_l, mask=live, other=0.0)
-        d_h = tl.load(pairs_ptr + at_h, mask=live, other=0.0)
-        o_l = tl.load(pairs_ptr + PLANE + at_l, mask=live, other=0.0)
-        o_h = tl.load(pairs_ptr + PLANE + at_h, mask=live, other=0.0)
-        e_l = tl.load(pairs_ptr + 2 * PLANE + at_l, mask=live, other=0.0)
-        e_h = tl.load(pairs_ptr + 2 * PLANE + at_h, mask=live, other=0.0)
-        x_l, x_h = d_l * x_l + o_l * x_h + e_l, d_h * x_h + o_h * x_l + e_h
+    rows = tl.arange(0, ROWS)
+    head_row = (rows == 0)[None, None, :]
+    last = (rows == ROWS - 1)[None, None, :]
+    move = -1 if REVERSE else 1
+    heads = heads.to(tl.int32)
+    # offsets: an int64 base at the walk's current chunk, int32 ones for the tile's chunks
+    rel = ((rows * move * n)[None, None, :] + heads[:, None, None]) * K
+    rel_l = rel + lo[None, :, None]
+    rel_h = rel + hi[None, :, None]
+    base = (bi * NC + (NC - 1 if REVERSE else 0)) * n * K
+    at = (heads * K)[:, None]
+    tl.store(carry_ptr + base + at + lo[None, :], x_l, mask=live)
+    tl.store(carry_ptr + base + at + hi[None, :], x_h, mask=live)
+    for q in tl.range(0, NC, ROWS, num_stages=STAGES):
+        walk = q + rows
+        valid = live[:, :, None] & (walk < NC)[None, None, :]
+        d_l = tl.load(pairs_ptr + base + rel_l, mask=valid, other=0.0)
+        d_h = tl.load(pairs_ptr + base + rel_h, mask=valid, other=0.0)
+        o_l = tl.load(pairs_ptr + PLANE + base + rel_l, mask=valid, other=0.0)
+        o_h = tl.load(pairs_ptr + PLANE + base + rel_h, mask=valid, other=0.0)
+        e_l = tl.load(pairs_ptr + 2 * PLANE + base + rel_l, mask=valid, other=0.0)
+        e_h = tl.load(pairs_ptr + 2 * PLANE + base + rel_h, mask=valid, other=0.0)
+        e_l += tl.where(head_row, d_l * x_l[:, :, None] + o_l * x_h[:, :, None], 0.0)
+        e_h += tl.where(head_row, o_h * x_l[:, :, None] + d_h * x_h[:, :, None], 0.0)
+        y_l, y_h = tl.associative_scan((d_l, o_l, o_h, d_h, e_l, e_h), 2, _pair_compose)[4:]
+        # the state after the walk's chunk w enters chunk w + 1
+        following = valid & (walk + 1 < NC)[None, None, :]
+        tl.store(carry_ptr + base + move * n * K + rel_l, y_l, mask=following)
+        tl.store(carry_ptr + base + move * n * K + rel_h, y_h, mask=following)
+        x_l, x_h = _tile_end(y_l, last), _tile_end(y_h, last)
+        base += ROWS * move * n * K
 
 
 @triton.jit
@@ -769,11 +804,12 @@ def _pair_fwd_kernel(
     T, n, n_hblocks, NC, CHUNK,
     K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
-    STAGES: tl.constexpr, UNROLL: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """:func:`_fwd_kernel` for R = 1 with a pair per thread (:func:`_pair_tile_start`): one cos / sin per pair
     and step, no exchange between threads. h_lo = c (cos x~_lo - sin x~_hi) + b_lo,
-    h_hi = c (sin x~_lo + cos x~_hi) + b_hi, x~ = sgn x."""
+    h_hi = c (sin x~_lo + cos x~_hi) + b_hi, x~ = sgn x. ROWS steps at a time: the carry enters the tile's
+    first step and an associative scan over its rows (held in the thread) gives every step's state."""
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
     c = pid % NC
@@ -783,28 +819,31 @@ def _pair_fwd_kernel(
     at = (((bi * NC + c) * n + heads) * K)[:, None]
     x_l = tl.load(init_ptr + at + lo[None, :], mask=live, other=0.0).to(WT)
     x_h = tl.load(init_ptr + at + hi[None, :], mask=live, other=0.0).to(WT)
+    rows = tl.arange(0, ROWS)
+    head_row = (rows == 0)[None, None, :]
+    last = (rows == ROWS - 1)[None, None, :]
     hmask = heads < n
     first = (c * CHUNK).to(tl.int32)
-    th_off, row, at_l, at_h = _pair_offsets(bi, heads, m, lo, hi, first, T, n, HALF, K)
-    th_at, sc_at, ga_at = theta_ptr + th_off, scale_ptr + row, gamma_ptr + row
-    b_l_at, b_h_at, out_l_at, out_h_at = b_ptr + at_l, b_ptr + at_h, out_ptr + at_l, out_ptr + at_h
-    for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        alive = hmask & (heads * 0 + first + s < T)
-        step = live & alive[:, None]
-        cs, sn = _pair_rotation(th_at, sc_at, ga_at, step, alive, HAS_SCALE, HAS_DECAY, WT)
-        xs_l = x_l * sign_lo[None, :]
-        xs_h = x_h * sign_hi[None, :]
-        x_l = cs * xs_l - sn * xs_h + tl.load(b_l_at, mask=step, other=0.0).to(WT)
-        x_h = sn * xs_l + cs * xs_h + tl.load(b_h_at, mask=step, other=0.0).to(WT)
-        tl.store(out_l_at, x_l.to(out_ptr.dtype.element_ty), mask=step)
-        tl.store(out_h_at, x_h.to(out_ptr.dtype.element_ty), mask=step)
-        th_at += n * HALF
-        sc_at += n
-        ga_at += n
-        b_l_at += n * K
-        b_h_at += n * K
-        out_l_at += n * K
-        out_h_at += n * K
+    # (heads, slots, steps) tiles, as in :func:`_pair_summary_kernel`
+    base, th_rel, gate_rel, rel_l, rel_h = _pair_tile_offsets(bi, heads, m, lo, hi, first, rows, n, T, n,
+                                                              HALF, K)  # fmt: skip
+    for s in tl.range(0, CHUNK, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        walk = s + rows
+        alive = hmask[:, None] & ((walk < CHUNK) & (first + walk < T))[None, :]
+        valid = live[:, :, None] & alive[:, None, :]
+        p00, p01, p10, p11 = _pair_step_maps(
+            theta_ptr + base * HALF + th_rel, scale_ptr + base + gate_rel, gamma_ptr + base + gate_rel, valid,
+            alive, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, False, WT,
+        )  # fmt: skip
+        add_l = tl.load(b_ptr + base * K + rel_l, mask=valid, other=0.0).to(WT)
+        add_h = tl.load(b_ptr + base * K + rel_h, mask=valid, other=0.0).to(WT)
+        add_l += tl.where(head_row, p00 * x_l[:, :, None] + p01 * x_h[:, :, None], 0.0)
+        add_h += tl.where(head_row, p10 * x_l[:, :, None] + p11 * x_h[:, :, None], 0.0)
+        _, _, _, _, h_l, h_h = tl.associative_scan((p00, p01, p10, p11, add_l, add_h), 2, _pair_compose)
+        tl.store(out_ptr + base * K + rel_l, h_l.to(out_ptr.dtype.element_ty), mask=valid)
+        tl.store(out_ptr + base * K + rel_h, h_h.to(out_ptr.dtype.element_ty), mask=valid)
+        x_l, x_h = _tile_end(h_l, last), _tile_end(h_h, last)
+        base += ROWS * n
 
 
 @triton.jit
@@ -814,10 +853,14 @@ def _pair_bwd_kernel(
     T, n, n_hblocks, NC, CHUNK,
     K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, CARRY_IN: tl.constexpr, FP64: tl.constexpr,
-    STAGES: tl.constexpr, UNROLL: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
-    """:func:`_bwd_kernel` for R = 1 with a pair per thread: with y = L_t(h_{t-1}) and u = c_t lam_t,
-    dtheta = u_lo dy_lo/dtheta + u_hi dy_hi/dtheta and the carry L_t^T u, one cos / sin per pair and step."""
+    """:func:`_bwd_kernel` for R = 1 with a pair per thread, walking its chunk backwards ROWS steps at a time
+    ((heads, slots, steps) tiles as in :func:`_pair_summary_kernel`). The adjoint lam_t = dh_t + u_{t+1},
+    u_{t+1} = c_{t+1} P_{t+1}^T lam_{t+1}, is a scan over the tile's steps whose map at a step is P^T one
+    step later in time (the carry u enters the tile's first step); then each step's gradients: with
+    y = L_t(h_{t-1}) (h0 at t = 0), dc = lam . y per head, dtheta = c (lam_hi y_lo - lam_lo y_hi),
+    u_t = c_t P_t^T lam_t (dh0 = u_0)."""
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
     c = pid % NC
@@ -831,46 +874,61 @@ def _pair_bwd_kernel(
     else:
         u_l = tl.zeros((BLOCK_H, BLOCK_K // 2), dtype=tl.float32).to(WT)
         u_h = u_l
-    state = ((bi * n + heads) * K)[:, None]
-    for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        t = c * CHUNK + CHUNK - 1 - s
-        alive = (heads < n) & (heads * 0 + t < T)
-        step = live & alive[:, None]
-        row = (bi * T + t) * n + heads
-        at_l = (row * K)[:, None] + lo[None, :]
-        at_h = (row * K)[:, None] + hi[None, :]
-        lam_l = u_l + tl.load(grad_ptr + at_l, mask=step, other=0.0).to(WT)
-        lam_h = u_h + tl.load(grad_ptr + at_h, mask=step, other=0.0).to(WT)
-        tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=step)
-        tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=step)
-        first = (heads * 0 + t == 0)[:, None]
-        xs_l = tl.load(out_ptr + at_l - n * K, mask=step & ~first, other=0.0).to(WT)
-        xs_h = tl.load(out_ptr + at_h - n * K, mask=step & ~first, other=0.0).to(WT)
-        xs_l += tl.load(h0_ptr + state + lo[None, :], mask=step & first, other=0.0).to(WT)
-        xs_h += tl.load(h0_ptr + state + hi[None, :], mask=step & first, other=0.0).to(WT)
-        xs_l = xs_l * sign_lo[None, :]
-        xs_h = xs_h * sign_hi[None, :]
-        th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
-        # this loop keeps Triton's cos and sin and its indexing: rewritten like the forward pair kernels
-        # (pointers moved per step, h0 picked by a where, sincos) it ran 8% faster in float32 but 1.6x
-        # slower in bfloat16 (H100, (8, 4096, 16, 16), chunks of 32); which part slowed it is not known
-        cs = tl.cos(th)
-        sn = tl.sin(th)
+    rows = tl.arange(0, ROWS)
+    head_row = (rows == 0)[None, None, :]
+    last = (rows == ROWS - 1)[None, None, :]
+    hmask = heads < n
+    first = (c * CHUNK + CHUNK - 1).to(tl.int32)
+    base, th_rel, gate_rel, rel_l, rel_h = _pair_tile_offsets(bi, heads, m, lo, hi, first, rows, -n, T, n,
+                                                              HALF, K)  # fmt: skip
+    h0_at, dh0_at = h0_ptr + bi * n * K, dh0_ptr + bi * n * K
+    h0_l = (heads.to(tl.int32) * K)[:, None, None] + lo[None, :, None] + rows[None, None, :] * 0
+    h0_h = h0_l - lo[None, :, None] + hi[None, :, None]
+    for s in tl.range(0, CHUNK, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        walk = s + rows
+        time = first - walk
+        alive = hmask[:, None] & ((walk < CHUNK) & (time < T))[None, :]
+        valid = live[:, :, None] & alive[:, None, :]
+        # the maps one step later in time, for the tile's steps after its first
+        later = hmask[:, None] & ((walk < CHUNK) & (time + 1 < T) & (rows > 0))[None, :]
+        ahead = base + n
+        q00, q01, q10, q11 = _pair_step_maps(
+            theta_ptr + ahead * HALF + th_rel, scale_ptr + ahead + gate_rel, gamma_ptr + ahead + gate_rel,
+            live[:, :, None] & later[:, None, :], later, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, True, WT,
+        )  # fmt: skip
+        at_l = base * K + rel_l
+        at_h = base * K + rel_h
+        add_l = tl.load(grad_ptr + at_l, mask=valid, other=0.0).to(WT)
+        add_h = tl.load(grad_ptr + at_h, mask=valid, other=0.0).to(WT)
+        add_l += tl.where(head_row, u_l[:, :, None], 0.0)
+        add_h += tl.where(head_row, u_h[:, :, None], 0.0)
+        _, _, _, _, lam_l, lam_h = tl.associative_scan((q00, q01, q10, q11, add_l, add_h), 2, _pair_compose)
+        tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=valid)
+        tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=valid)
+        start = (time == 0)[None, None, :]
+        xs_l = tl.load(out_ptr + at_l - n * K, mask=valid & ~start, other=0.0).to(WT)
+        xs_h = tl.load(out_ptr + at_h - n * K, mask=valid & ~start, other=0.0).to(WT)
+        xs_l += tl.load(h0_at + h0_l, mask=valid & start, other=0.0).to(WT)
+        xs_h += tl.load(h0_at + h0_h, mask=valid & start, other=0.0).to(WT)
+        xs_l = xs_l * sign_lo[None, :, None]
+        xs_h = xs_h * sign_hi[None, :, None]
+        th_at = base * HALF + th_rel
+        th = tl.load(theta_ptr + th_at, mask=valid, other=0.0).to(WT)
+        sn, cs = sincos(th)
         y_l = cs * xs_l - sn * xs_h
         y_h = sn * xs_l + cs * xs_h
         dc = tl.sum(lam_l * y_l + lam_h * y_h, axis=1)
-        factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, alive, dc, BLOCK_H,
-                             HAS_SCALE, HAS_DECAY, WT)[:, None]  # fmt: skip
+        factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, base + gate_rel, alive, dc,
+                             HAS_SCALE, HAS_DECAY, WT)[:, None, :]  # fmt: skip
         g_l = lam_l * factor
         g_h = lam_h * factor
-        dtheta = g_h * y_l - g_l * y_h
-        tl.store(dtheta_ptr + (row * HALF)[:, None] + m[None, :], dtheta.to(dtheta_ptr.dtype.element_ty),
-                 mask=step)  # fmt: skip
-        u_l = (cs * g_l + sn * g_h) * sign_lo[None, :]
-        u_h = (cs * g_h - sn * g_l) * sign_hi[None, :]
-    first = live & (heads * 0 + c == 0)[:, None]
-    tl.store(dh0_ptr + state + lo[None, :], u_l.to(dh0_ptr.dtype.element_ty), mask=first)
-    tl.store(dh0_ptr + state + hi[None, :], u_h.to(dh0_ptr.dtype.element_ty), mask=first)
+        tl.store(dtheta_ptr + th_at, (g_h * y_l - g_l * y_h).to(dtheta_ptr.dtype.element_ty), mask=valid)
+        v_l = (cs * g_l + sn * g_h) * sign_lo[None, :, None]
+        v_h = (cs * g_h - sn * g_l) * sign_hi[None, :, None]
+        tl.store(dh0_at + h0_l, v_l.to(dh0_ptr.dtype.element_ty), mask=valid & start)
+        tl.store(dh0_at + h0_h, v_h.to(dh0_ptr.dtype.element_ty), mask=valid & start)
+        u_l, u_h = _tile_end(v_l, last), _tile_end(v_h, last)
+        base -= ROWS * n
 
 
 @triton.jit
@@ -892,8 +950,14 @@ def _pair_apply(a00, a01, a10, a11, a_l, a_h, x_l, x_h):
 
 @triton.jit
 def _last_step(x, last):
-    """Row BLOCK_T - 1 of a (BLOCK_T, BLOCK_Q) tile (``last`` marks it)."""
-    return tl.sum(tl.where(last, x, 0.0), axis=0)
+    """Column BLOCK_T - 1 of a (BLOCK_Q, BLOCK_T) tile (``last`` marks it)."""
+    return tl.sum(tl.where(last, x, 0.0), axis=1)
+
+
+@triton.jit
+def _tile_end(x, last):
+    """The last step of a (BLOCK_H, BLOCK_K // 2, ROWS) pair tile (``last`` marks it)."""
+    return tl.sum(tl.where(last, x, 0.0), axis=2)
 
 
 @triton.jit
@@ -1011,7 +1075,9 @@ def _pair_lookback_kernel(
     P_t = c_t [[cos sgn_lo, -sin sgn_hi], [sin sgn_lo, cos sgn_hi]]. The tile composes its steps with an
     associative scan (M_t, e_t: the product P_t ... P_first and the zero-start state), takes its carry by
     look-back (:func:`_lookback_carry`; h0 for the first tile) and writes h_t = M_t carry + e_t. Steps past T
-    (last tile only) compose sign flips: neither published nor stored."""
+    (last tile only) compose sign flips: neither published nor stored. Tiles are (pairs, steps), the steps
+    last: with no contiguous access the compiler spreads threads over the leading dimension first, so a
+    warp's threads hold whole pairs and the scan runs in their registers."""
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
     BLOCK_Q: tl.constexpr = BLOCK_H * (BLOCK_K // 2)
     tile, place, bi, _, heads, m, lo, hi, sign_lo, sign_hi, live = _lookback_tile_start(
@@ -1020,21 +1086,21 @@ def _pair_lookback_kernel(
     # Addresses: an int64 base at the tile's first step plus int32 offsets inside the tile.
     steps = tl.arange(0, BLOCK_T)
     t0 = place * BLOCK_T
-    step = ((t0 + steps) < T)[:, None] & live[None, :]
+    step = live[:, None] & ((t0 + steps) < T)[None, :]
     base = (bi * T + t0) * n
-    rows = (steps * n)[:, None] + heads[None, :]
-    cs, sn, factor = _pair_angles(theta_ptr, scale_ptr, gamma_ptr, base * HALF + rows * HALF + m[None, :],
+    rows = heads[:, None] + (steps * n)[None, :]
+    cs, sn, factor = _pair_angles(theta_ptr, scale_ptr, gamma_ptr, base * HALF + rows * HALF + m[:, None],
                                   base + rows, step, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
     cs, sn = cs * factor, sn * factor
-    at_l = base * K + rows * K + lo[None, :]
-    at_h = base * K + rows * K + hi[None, :]
+    at_l = base * K + rows * K + lo[:, None]
+    at_h = base * K + rows * K + hi[:, None]
     add_l = tl.load(b_ptr + at_l, mask=step, other=0.0).to(WT)
     add_h = tl.load(b_ptr + at_h, mask=step, other=0.0).to(WT)
     m00, m01, m10, m11, e_l, e_h = tl.associative_scan(
-        (cs * sign_lo[None, :], -sn * sign_hi[None, :], sn * sign_lo[None, :], cs * sign_hi[None, :], add_l,
-         add_h), 0, _pair_compose
+        (cs * sign_lo[:, None], -sn * sign_hi[:, None], sn * sign_lo[:, None], cs * sign_hi[:, None], add_l,
+         add_h), 1, _pair_compose
     )  # fmt: skip
-    last = (steps == BLOCK_T - 1)[:, None]
+    last = (steps == BLOCK_T - 1)[None, :]
     at = (bi * n + heads) * K
     c_l, c_h = _lookback_carry(
         agg_ptr, inc_ptr, flag_ptr, tile, place, CHAINS, NT, tl.arange(0, BLOCK_Q),
@@ -1043,8 +1109,8 @@ def _pair_lookback_kernel(
         tl.load(h0_ptr + at + lo, mask=live, other=0.0).to(WT),
         tl.load(h0_ptr + at + hi, mask=live, other=0.0).to(WT), SPARSE, REPLAY, BLOCK_Q,
     )  # fmt: skip
-    h_l = m00 * c_l[None, :] + m01 * c_h[None, :] + e_l
-    h_h = m10 * c_l[None, :] + m11 * c_h[None, :] + e_h
+    h_l = m00 * c_l[:, None] + m01 * c_h[:, None] + e_l
+    h_h = m10 * c_l[:, None] + m11 * c_h[:, None] + e_h
     tl.store(out_ptr + at_l, h_l.to(out_ptr.dtype.element_ty), mask=step)
     tl.store(out_ptr + at_h, h_h.to(out_ptr.dtype.element_ty), mask=step)
 
@@ -1072,60 +1138,60 @@ def _pair_lookback_bwd_kernel(
     steps = tl.arange(0, BLOCK_T)
     walk = place * BLOCK_T + steps
     valid = walk < T
-    step = valid[:, None] & live[None, :]
+    step = live[:, None] & valid[None, :]
     # Addresses: an int64 base at the tile's latest time plus int32 offsets inside the tile (time t0 - s).
     t0 = T - 1 - place * BLOCK_T
     base = (bi * T + t0) * n
-    rows = (-steps * n)[:, None] + heads[None, :]
-    later = step & (walk > 0)[:, None]
+    rows = heads[:, None] + (-steps * n)[None, :]
+    later = step & (walk > 0)[None, :]
     ahead = base + n + rows
-    cs, sn, factor = _pair_angles(theta_ptr, scale_ptr, gamma_ptr, ahead * HALF + m[None, :], ahead, later,
+    cs, sn, factor = _pair_angles(theta_ptr, scale_ptr, gamma_ptr, ahead * HALF + m[:, None], ahead, later,
                                   HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
     cs, sn = cs * factor, sn * factor
-    at_l = base * K + rows * K + lo[None, :]
-    at_h = base * K + rows * K + hi[None, :]
+    at_l = base * K + rows * K + lo[:, None]
+    at_h = base * K + rows * K + hi[:, None]
     add_l = tl.load(grad_ptr + at_l, mask=step, other=0.0).to(WT)
     add_h = tl.load(grad_ptr + at_h, mask=step, other=0.0).to(WT)
     m00, m01, m10, m11, e_l, e_h = tl.associative_scan(
-        (cs * sign_lo[None, :], sn * sign_lo[None, :], -sn * sign_hi[None, :], cs * sign_hi[None, :], add_l,
-         add_h), 0, _pair_compose
+        (cs * sign_lo[:, None], sn * sign_lo[:, None], -sn * sign_hi[:, None], cs * sign_hi[:, None], add_l,
+         add_h), 1, _pair_compose
     )  # fmt: skip
-    last = (steps == BLOCK_T - 1)[:, None]
+    last = (steps == BLOCK_T - 1)[None, :]
     zero = tl.zeros((BLOCK_Q,), dtype=tl.float32).to(WT)
     c_l, c_h = _lookback_carry(
         agg_ptr, inc_ptr, flag_ptr, tile, place, CHAINS, NT, tl.arange(0, BLOCK_Q),
         _last_step(m00, last), _last_step(m01, last), _last_step(m10, last), _last_step(m11, last),
         _last_step(e_l, last), _last_step(e_h, last), zero, zero, SPARSE, REPLAY, BLOCK_Q,
     )  # fmt: skip
-    lam_l = m00 * c_l[None, :] + m01 * c_h[None, :] + e_l
-    lam_h = m10 * c_l[None, :] + m11 * c_h[None, :] + e_h
+    lam_l = m00 * c_l[:, None] + m01 * c_h[:, None] + e_l
+    lam_h = m10 * c_l[:, None] + m11 * c_h[:, None] + e_h
     tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=step)
     tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=step)
     # The step's own gradients: the state one step back in time (h0 at t = 0), its rotation, the gates.
-    first = (t0 - steps == 0)[:, None]
+    first = (t0 - steps == 0)[None, :]
     state = (bi * n + heads) * K
     xs_l = tl.load(out_ptr + at_l - n * K, mask=step & ~first, other=0.0).to(WT)
     xs_h = tl.load(out_ptr + at_h - n * K, mask=step & ~first, other=0.0).to(WT)
-    xs_l += tl.load(h0_ptr + state + lo + rows * 0, mask=step & first, other=0.0).to(WT)
-    xs_h += tl.load(h0_ptr + state + hi + rows * 0, mask=step & first, other=0.0).to(WT)
-    xs_l = xs_l * sign_lo[None, :]
-    xs_h = xs_h * sign_hi[None, :]
-    theta_at = base * HALF + rows * HALF + m[None, :]
+    xs_l += tl.load(h0_ptr + (state + lo)[:, None] + rows * 0, mask=step & first, other=0.0).to(WT)
+    xs_h += tl.load(h0_ptr + (state + hi)[:, None] + rows * 0, mask=step & first, other=0.0).to(WT)
+    xs_l = xs_l * sign_lo[:, None]
+    xs_h = xs_h * sign_hi[:, None]
+    theta_at = base * HALF + rows * HALF + m[:, None]
     cs, sn, factor = _pair_angles(theta_ptr, scale_ptr, gamma_ptr, theta_at, base + rows, step, HAS_SCALE,
                                   HAS_DECAY, WT)  # fmt: skip
     y_l = cs * xs_l - sn * xs_h
     y_h = sn * xs_l + cs * xs_h
-    dc = tl.sum(tl.reshape(lam_l * y_l + lam_h * y_h, (BLOCK_T, BLOCK_H, SLOTS)), axis=2)
+    dc = tl.sum(tl.reshape(lam_l * y_l + lam_h * y_h, (BLOCK_H, SLOTS, BLOCK_T)), axis=1)
     own = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, base + (-steps * n)[:, None] + own[None, :],
-                valid[:, None] & (own < n)[None, :], dc, BLOCK_H, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+    _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, base + own[:, None] + (-steps * n)[None, :],
+                (own < n)[:, None] & valid[None, :], dc, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
     g_l = lam_l * factor
     g_h = lam_h * factor
     tl.store(dtheta_ptr + theta_at, (g_h * y_l - g_l * y_h).to(dtheta_ptr.dtype.element_ty), mask=step)
-    u_l = (cs * g_l + sn * g_h) * sign_lo[None, :]
-    u_h = (cs * g_h - sn * g_l) * sign_hi[None, :]
-    tl.store(dh0_ptr + state + lo + rows * 0, u_l.to(dh0_ptr.dtype.element_ty), mask=step & first)
-    tl.store(dh0_ptr + state + hi + rows * 0, u_h.to(dh0_ptr.dtype.element_ty), mask=step & first)
+    u_l = (cs * g_l + sn * g_h) * sign_lo[:, None]
+    u_h = (cs * g_h - sn * g_l) * sign_hi[:, None]
+    tl.store(dh0_ptr + (state + lo)[:, None] + rows * 0, u_l.to(dh0_ptr.dtype.element_ty), mask=step & first)
+    tl.store(dh0_ptr + (state + hi)[:, None] + rows * 0, u_h.to(dh0_ptr.dtype.element_ty), mask=step & first)
 
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -1256,10 +1322,10 @@ def _carries(
         plane, n_blocks = batch * chunks * heads * k, cdiv(heads, pair_h)
         launch(_pair_summary_kernel, (batch * n_blocks * chunks,), theta, scale, gamma, add, perm, sgn, p2p,
                pairs, steps, heads, n_blocks, chunks, chunk, plane, HALF=meta["HALF"], BLOCK_H=pair_h,
-               **common, **flags, **loops, num_warps=pair_warps)  # fmt: skip
+               **common, **flags, **loops, ROWS=plan.rows, num_warps=pair_warps)  # fmt: skip
         launch(_pair_carry_kernel, (batch * n_blocks,), pairs, h0, carries, perm, sgn, p2p, heads, n_blocks,
                chunks, plane, HALF=meta["HALF"], BLOCK_H=pair_h, **common, STAGES=CARRY_STAGES,
-               num_warps=pair_warps)  # fmt: skip
+               ROWS=plan.rows, num_warps=pair_warps)  # fmt: skip
         return carries
     mats = torch.empty(batch, heads, chunks, k, k, device=add.device, dtype=work)
     ends = torch.empty(batch, heads, chunks, k, device=add.device, dtype=work)
@@ -1324,6 +1390,8 @@ def _forward(
     else:
         chunks, chunk, carries = 1, max(steps, 1), h0
     kernel, n_hblocks, tile = _replay(plan, heads, meta, _fwd_kernel, _pair_fwd_kernel)
+    if kernel is _pair_fwd_kernel:
+        tile["ROWS"] = plan.rows
     launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, b, carries, perm, sgn, p2p, out,
            steps, heads, n_hblocks, chunks, chunk, **tile, **flags, **loops)  # fmt: skip
     return out
@@ -1369,6 +1437,8 @@ def _backward(
     else:
         chunks, chunk, carries, carry_in = 1, max(steps, 1), h0, 0
     kernel, n_hblocks, tile = _replay(plan, heads, meta, _bwd_kernel, _pair_bwd_kernel)
+    if kernel is _pair_bwd_kernel:
+        tile["ROWS"] = plan.rows
     launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p,
            carries, dtheta, dscale, dgamma, db, dh0, steps, heads, n_hblocks, chunks, chunk, **tile, **flags,
            CARRY_IN=carry_in, **loops)  # fmt: skip
