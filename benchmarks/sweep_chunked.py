@@ -11,7 +11,8 @@ forward or forward + backward:
 - angle: chunked with each ``--chunks`` x ``--stages`` x ``--unroll`` x ``--tile`` (state entries per
   vector-path program) x ``--summary-tiles`` (heads x columns x warps of a chunk-summary program, or "own":
   the kernel's own) x ``--pair-tiles`` (R = 1: heads x warps of a pair-summary program, "off" for the
-  dense k x k summaries, or "own"), and the sequential strategy; with ``--lookback-tiles`` (R = 1), the
+  dense k x k summaries, or "own") x ``--pair-rows`` (R = 1: steps per iteration of the pair summaries and
+  forward replays), and the sequential strategy; with ``--lookback-tiles`` (R = 1), the
   single pass (forward and adjoint) with each tile (steps x heads x warps).
 
 Each result is checked against the call with the kernel's own plan (same inputs, same output gradient),
@@ -108,13 +109,13 @@ def _configs(args: argparse.Namespace, family: str) -> list[tuple[str, dict[str,
         for chunk, stages in itertools.product(args.chunks, args.stages):
             grid.append((f"chunked c{chunk} s{stages}", {"chunk": chunk, "stages": stages}))
     else:
-        for chunk, stages, unroll, tile, summary, pairs in itertools.product(
-            args.chunks, args.stages, args.unroll, args.tile, args.summary_tiles, args.pair_tiles
-        ):
+        axes = (args.chunks, args.stages, args.unroll, args.tile, args.summary_tiles, args.pair_tiles)
+        for chunk, stages, unroll, tile, summary, pairs, rows in itertools.product(*axes, args.pair_rows):
             label = f"chunked c{chunk} s{stages} u{unroll} tile{tile}"
             label += " sum" + "x".join(map(str, summary)) if summary else ""
             label += "" if pairs == "own" else f" pairs {pairs if isinstance(pairs, str) else _dims(pairs)}"
-            settings = {"chunk": chunk, "stages": stages, "unroll": unroll, "tile": tile}
+            label += "" if rows is None else f" rows{rows}"
+            settings = {"chunk": chunk, "stages": stages, "unroll": unroll, "tile": tile, "rows": rows}
             grid.append((label, {**settings, "summary": summary, "pairs": pairs}))
         grid += [(f"lookback {_dims(tile)}", {"lookback": tile}) for tile in args.lookback_tiles]
     return grid[:1] + grid[-1:] if args.smoke else grid
@@ -153,12 +154,16 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
         block_h = min(next_pow2(heads), max(1, settings["tile"] // next_pow2(k)))
         chunk = min(settings["chunk"], max(1, steps))
         summary = settings["summary"] or angle._summary_tile(heads, k, layers)
+        own = own_plan(batch, steps, heads, k, layers, device, itemsize)
         pairs = settings["pairs"]
         if pairs == "own":
-            pairs = own_plan(batch, steps, heads, k, layers, device, itemsize).pairs
+            pairs = own.pairs
         elif pairs == "off" or layers != 1:
             pairs = None
-        return angle._Plan("chunked", chunk, block_h, settings["stages"], settings["unroll"], summary, pairs)
+        rows = 1 if pairs is None else settings["rows"] or max(own.rows, 1)
+        return angle._Plan(
+            "chunked", chunk, block_h, settings["stages"], settings["unroll"], summary, pairs, rows
+        )
 
     angle._plan = plan
     try:
@@ -180,7 +185,7 @@ def _own_plan(family: str, shape: Shape, device: torch.device) -> str:
         return f"sequential heads{p.block_h}"
     tile = p.block_h * next_pow2(k)
     label = f"chunked c{p.chunk} s{p.stages} u{p.unroll} tile{tile} sum{_dims(p.summary)}"
-    return label + (f" pairs {_dims(p.pairs)}" if p.pairs else "")
+    return label + (f" pairs {_dims(p.pairs)} rows{p.rows}" if p.pairs else "")
 
 
 def _lookback_tiles(text: str) -> list[tuple[int, ...]]:
@@ -278,6 +283,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=["own"],
         help='angle only, R = 1: comma-separated HxW (heads x warps of a pair-summary program), "own" or '
         '"off" (dense k x k summaries)',
+    )
+    parser.add_argument(
+        "--pair-rows",
+        type=_parse_ints,
+        default=[None],
+        help="angle only, R = 1: comma-separated steps per iteration of the pair summaries and forward "
+        "replays (default: the kernel's own)",
     )
     parser.add_argument(
         "--lookback-tiles",
