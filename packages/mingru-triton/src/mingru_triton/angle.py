@@ -77,8 +77,10 @@ PAIR_TILE = 32
 """Pairs (one per thread; whole heads, at least one) per program of the pair kernels (summaries, carries,
 replays)."""
 PAIR_ROWS = 4
-"""Steps the R = 1 pair summaries and forward replays take per loop iteration: their loads go out together
-and a scan over the rows (in the thread) composes them, so a program waits on memory once per ROWS steps."""
+"""Steps (chunks, for the carries) the R = 1 pair kernels take per loop iteration: their loads go out
+together and a scan over them in each thread's registers composes them, so a program waits on memory once
+per PAIR_ROWS steps instead of every step. 4 keeps every kernel within the registers (compiled for sm_90 at
+k = 2 to 128; 8 takes the float32 adjoint to 254 registers and spills in float64). Not yet timed on a GPU."""
 LOOKBACK_BLOCK_T = 16
 """Steps per tile of the R = 1 single pass (:func:`_pair_lookback_kernel` and its adjoint)."""
 LOOKBACK_REPLAY = 4
@@ -204,7 +206,7 @@ class _Plan(NamedTuple):
     """(heads, warps) of a pair-kernel program (:func:`_pair_tile`) when the summaries keep only the 2 x 2
     pair blocks (R = 1), else None."""
     rows: int = 1
-    """Steps per iteration of the pair kernels' summary and forward replay loops (:data:`PAIR_ROWS`)."""
+    """Steps per iteration of the pair kernels' loops (:data:`PAIR_ROWS`); 1 where there are none."""
 
 
 def _plan(
