@@ -79,8 +79,9 @@ replays)."""
 PAIR_ROWS = 4
 """Steps (chunks, for the carries) the R = 1 pair kernels take per loop iteration: their loads go out
 together and a scan over them in each thread's registers composes them, so a program waits on memory once
-per PAIR_ROWS steps instead of every step. 4 keeps every kernel within the registers (compiled for sm_90 at
-k = 2 to 128; 8 takes the float32 adjoint to 254 registers and spills in float64). Not yet timed on a GPU."""
+per PAIR_ROWS steps instead of every step. 4 keeps the kernels within the registers, up to 32 bytes of
+spills in the adjoint (compiled for sm_90 at k = 6 to 128); 8 takes the float32 adjoint to 255 registers and
+spills hundreds of bytes in float64. Not yet timed on a GPU."""
 LOOKBACK_BLOCK_T = 16
 """Steps per tile of the R = 1 single pass (:func:`_pair_lookback_kernel` and its adjoint)."""
 LOOKBACK_REPLAY = 4
@@ -706,35 +707,37 @@ def _pair_summary_kernel(
     m_ll, m_lh, m_hl, m_hh = one, one * 0, one * 0, one
     e_l, e_h = one * 0, one * 0
     rows = tl.arange(0, ROWS)
-    last = (rows == ROWS - 1)[None, None, :]
     hmask = heads < n
-    first = (c * CHUNK).to(tl.int32) + (CHUNK - 1 if REVERSE else 0)
+    first = (c * CHUNK).to(tl.int32)
     move = -n if REVERSE else n
+    # the chunk's steps inside T, walked from its last one when REVERSE
+    span = tl.minimum(CHUNK, T - first)
+    if REVERSE:
+        first = first + span - 1
     # The tile is (heads, slots, steps): the steps last, so that each thread holds all of its pair's steps
     # (the compiler spreads threads over the leading dimensions when no access is contiguous) and the scan
-    # runs in registers. Pointers: the chunk's first step in walk order, then a step per row along the walk.
+    # runs in registers. Offsets: the walk's first step, then a step per row along the walk. The whole
+    # tiles come first, with loop-invariant masks, then the walk's last steps (a partial tile) if any.
     base, th_rel, gate_rel, rel_l, rel_h = _pair_tile_offsets(bi, heads, m, lo, hi, first, rows, move, T, n,
                                                               HALF, K)  # fmt: skip
-    for s in tl.range(0, CHUNK, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        walk = s + rows
-        time = first - walk if REVERSE else first + walk
-        alive = hmask[:, None] & ((walk < CHUNK) & (time < T))[None, :]
-        valid = live[:, :, None] & alive[:, None, :]
-        add_l = tl.load(add_ptr + base * K + rel_l, mask=valid, other=0.0).to(WT)
-        add_h = tl.load(add_ptr + base * K + rel_h, mask=valid, other=0.0).to(WT)
-        p00, p01, p10, p11 = _pair_step_maps(
-            theta_ptr + base * HALF + th_rel, scale_ptr + base + gate_rel, gamma_ptr + base + gate_rel, valid,
-            alive, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, REVERSE, WT,
-        )  # fmt: skip
-        if REVERSE:
-            add_l, add_h = p00 * add_l + p01 * add_h, p10 * add_l + p11 * add_h
-        maps = tl.associative_scan((p00, p01, p10, p11, add_l, add_h), 2, _pair_compose)
-        t00, t01, t10, t11, t_l, t_h = maps
-        m_ll, m_lh, m_hl, m_hh, e_l, e_h = _pair_compose(
-            m_ll, m_lh, m_hl, m_hh, e_l, e_h, _tile_end(t00, last), _tile_end(t01, last),
-            _tile_end(t10, last), _tile_end(t11, last), _tile_end(t_l, last), _tile_end(t_h, last),
+    whole = span // ROWS * ROWS
+    alive = hmask[:, None] & (rows >= 0)[None, :]
+    valid = live[:, :, None] & alive[:, None, :]
+    for _ in tl.range(0, whole, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        m_ll, m_lh, m_hl, m_hh, e_l, e_h = _pair_summary_tile(
+            theta_ptr, scale_ptr, gamma_ptr, add_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid, alive,
+            sign_lo, sign_hi, m_ll, m_lh, m_hl, m_hh, e_l, e_h, HALF, K, ROWS, HAS_SCALE, HAS_DECAY, REVERSE,
+            WT,
         )  # fmt: skip
         base += ROWS * move
+    if whole < span:
+        alive = hmask[:, None] & (whole + rows < span)[None, :]
+        valid = live[:, :, None] & alive[:, None, :]
+        m_ll, m_lh, m_hl, m_hh, e_l, e_h = _pair_summary_tile(
+            theta_ptr, scale_ptr, gamma_ptr, add_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid, alive,
+            sign_lo, sign_hi, m_ll, m_lh, m_hl, m_hh, e_l, e_h, HALF, K, ROWS, HAS_SCALE, HAS_DECAY, REVERSE,
+            WT,
+        )  # fmt: skip
     at = (((bi * NC + c) * n + heads) * K)[:, None]
     tl.store(pairs_ptr + at + lo[None, :], m_ll, mask=live)
     tl.store(pairs_ptr + at + hi[None, :], m_hh, mask=live)
@@ -742,6 +745,31 @@ def _pair_summary_kernel(
     tl.store(pairs_ptr + PLANE + at + hi[None, :], m_hl, mask=live)
     tl.store(pairs_ptr + 2 * PLANE + at + lo[None, :], e_l, mask=live)
     tl.store(pairs_ptr + 2 * PLANE + at + hi[None, :], e_h, mask=live)
+
+
+@triton.jit
+def _pair_summary_tile(
+    theta_ptr, scale_ptr, gamma_ptr, add_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid, alive, sign_lo,
+    sign_hi, m_ll, m_lh, m_hl, m_hh, e_l, e_h,
+    HALF: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr,
+    REVERSE: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """One tile of :func:`_pair_summary_kernel` at row ``base``: the summary (m, e) so far with the tile's
+    steps composed after it."""
+    add_l = tl.load(add_ptr + base * K + rel_l, mask=valid, other=0.0).to(WT)
+    add_h = tl.load(add_ptr + base * K + rel_h, mask=valid, other=0.0).to(WT)
+    p00, p01, p10, p11 = _pair_step_maps(
+        theta_ptr + base * HALF + th_rel, scale_ptr + base + gate_rel, gamma_ptr + base + gate_rel, valid,
+        alive, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, REVERSE, WT,
+    )  # fmt: skip
+    if REVERSE:
+        add_l, add_h = p00 * add_l + p01 * add_h, p10 * add_l + p11 * add_h
+    t00, t01, t10, t11, t_l, t_h = tl.associative_scan((p00, p01, p10, p11, add_l, add_h), 2, _pair_compose)
+    last = (tl.arange(0, ROWS) == ROWS - 1)[None, None, :]
+    return _pair_compose(
+        m_ll, m_lh, m_hl, m_hh, e_l, e_h, _tile_end(t00, last), _tile_end(t01, last), _tile_end(t10, last),
+        _tile_end(t11, last), _tile_end(t_l, last), _tile_end(t_h, last),
+    )  # fmt: skip
 
 
 @triton.jit
@@ -822,30 +850,55 @@ def _pair_fwd_kernel(
     x_l = tl.load(init_ptr + at + lo[None, :], mask=live, other=0.0).to(WT)
     x_h = tl.load(init_ptr + at + hi[None, :], mask=live, other=0.0).to(WT)
     rows = tl.arange(0, ROWS)
-    head_row = (rows == 0)[None, None, :]
-    last = (rows == ROWS - 1)[None, None, :]
     hmask = heads < n
     first = (c * CHUNK).to(tl.int32)
-    # (heads, slots, steps) tiles, as in :func:`_pair_summary_kernel`
+    # (heads, slots, steps) tiles, as in :func:`_pair_summary_kernel`: the whole tiles first, their masks
+    # loop-invariant, then the chunk's last steps (a partial tile) if any
     base, th_rel, gate_rel, rel_l, rel_h = _pair_tile_offsets(bi, heads, m, lo, hi, first, rows, n, T, n,
                                                               HALF, K)  # fmt: skip
-    for s in tl.range(0, CHUNK, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        walk = s + rows
-        alive = hmask[:, None] & ((walk < CHUNK) & (first + walk < T))[None, :]
-        valid = live[:, :, None] & alive[:, None, :]
-        p00, p01, p10, p11 = _pair_step_maps(
-            theta_ptr + base * HALF + th_rel, scale_ptr + base + gate_rel, gamma_ptr + base + gate_rel, valid,
-            alive, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, False, WT,
+    span = tl.minimum(CHUNK, T - first)
+    whole = span // ROWS * ROWS
+    alive = hmask[:, None] & (rows >= 0)[None, :]
+    valid = live[:, :, None] & alive[:, None, :]
+    for _ in tl.range(0, whole, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        x_l, x_h = _pair_fwd_tile(
+            theta_ptr, scale_ptr, gamma_ptr, b_ptr, out_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid,
+            alive, sign_lo, sign_hi, x_l, x_h, HALF, K, ROWS, HAS_SCALE, HAS_DECAY, WT,
         )  # fmt: skip
-        add_l = tl.load(b_ptr + base * K + rel_l, mask=valid, other=0.0).to(WT)
-        add_h = tl.load(b_ptr + base * K + rel_h, mask=valid, other=0.0).to(WT)
-        add_l += tl.where(head_row, p00 * x_l[:, :, None] + p01 * x_h[:, :, None], 0.0)
-        add_h += tl.where(head_row, p10 * x_l[:, :, None] + p11 * x_h[:, :, None], 0.0)
-        _, _, _, _, h_l, h_h = tl.associative_scan((p00, p01, p10, p11, add_l, add_h), 2, _pair_compose)
-        tl.store(out_ptr + base * K + rel_l, h_l.to(out_ptr.dtype.element_ty), mask=valid)
-        tl.store(out_ptr + base * K + rel_h, h_h.to(out_ptr.dtype.element_ty), mask=valid)
-        x_l, x_h = _tile_end(h_l, last), _tile_end(h_h, last)
         base += ROWS * n
+    if whole < span:
+        alive = hmask[:, None] & (whole + rows < span)[None, :]
+        valid = live[:, :, None] & alive[:, None, :]
+        _pair_fwd_tile(
+            theta_ptr, scale_ptr, gamma_ptr, b_ptr, out_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid,
+            alive, sign_lo, sign_hi, x_l, x_h, HALF, K, ROWS, HAS_SCALE, HAS_DECAY, WT,
+        )  # fmt: skip
+
+
+@triton.jit
+def _pair_fwd_tile(
+    theta_ptr, scale_ptr, gamma_ptr, b_ptr, out_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid, alive,
+    sign_lo, sign_hi, x_l, x_h,
+    HALF: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr,
+    WT: tl.constexpr,
+):  # fmt: skip
+    """One tile of :func:`_pair_fwd_kernel` at row ``base`` from the state (x_l, x_h) entering it: stores its
+    steps' states and returns the last."""
+    rows = tl.arange(0, ROWS)
+    p00, p01, p10, p11 = _pair_step_maps(
+        theta_ptr + base * HALF + th_rel, scale_ptr + base + gate_rel, gamma_ptr + base + gate_rel, valid,
+        alive, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, False, WT,
+    )  # fmt: skip
+    add_l = tl.load(b_ptr + base * K + rel_l, mask=valid, other=0.0).to(WT)
+    add_h = tl.load(b_ptr + base * K + rel_h, mask=valid, other=0.0).to(WT)
+    head_row = (rows == 0)[None, None, :]
+    add_l += tl.where(head_row, p00 * x_l[:, :, None] + p01 * x_h[:, :, None], 0.0)
+    add_h += tl.where(head_row, p10 * x_l[:, :, None] + p11 * x_h[:, :, None], 0.0)
+    _, _, _, _, h_l, h_h = tl.associative_scan((p00, p01, p10, p11, add_l, add_h), 2, _pair_compose)
+    tl.store(out_ptr + base * K + rel_l, h_l.to(out_ptr.dtype.element_ty), mask=valid)
+    tl.store(out_ptr + base * K + rel_h, h_h.to(out_ptr.dtype.element_ty), mask=valid)
+    last = (rows == ROWS - 1)[None, None, :]
+    return _tile_end(h_l, last), _tile_end(h_h, last)
 
 
 @triton.jit
@@ -877,60 +930,91 @@ def _pair_bwd_kernel(
         u_l = tl.zeros((BLOCK_H, BLOCK_K // 2), dtype=tl.float32).to(WT)
         u_h = u_l
     rows = tl.arange(0, ROWS)
-    head_row = (rows == 0)[None, None, :]
-    last = (rows == ROWS - 1)[None, None, :]
     hmask = heads < n
-    first = (c * CHUNK + CHUNK - 1).to(tl.int32)
+    # the chunk's steps inside T, walked from the last one; whole tiles first (loop-invariant masks), then a
+    # partial tile if any
+    span = tl.minimum(CHUNK, T - (c * CHUNK).to(tl.int32))
+    first = (c * CHUNK).to(tl.int32) + span - 1
     base, th_rel, gate_rel, rel_l, rel_h = _pair_tile_offsets(bi, heads, m, lo, hi, first, rows, -n, T, n,
                                                               HALF, K)  # fmt: skip
     h0_at, dh0_at = h0_ptr + bi * n * K, dh0_ptr + bi * n * K
     h0_l = (heads.to(tl.int32) * K)[:, None, None] + lo[None, :, None] + rows[None, None, :] * 0
     h0_h = h0_l - lo[None, :, None] + hi[None, :, None]
-    for s in tl.range(0, CHUNK, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        walk = s + rows
-        time = first - walk
-        alive = hmask[:, None] & ((walk < CHUNK) & (time < T))[None, :]
-        valid = live[:, :, None] & alive[:, None, :]
-        # the maps one step later in time, for the tile's steps after its first
-        later = hmask[:, None] & ((walk < CHUNK) & (time + 1 < T) & (rows > 0))[None, :]
-        ahead = base + n
-        q00, q01, q10, q11 = _pair_step_maps(
-            theta_ptr + ahead * HALF + th_rel, scale_ptr + ahead + gate_rel, gamma_ptr + ahead + gate_rel,
-            live[:, :, None] & later[:, None, :], later, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, True, WT,
+    whole = span // ROWS * ROWS
+    alive = hmask[:, None] & (rows >= 0)[None, :]
+    valid = live[:, :, None] & alive[:, None, :]
+    # the maps one step later in time, for a tile's steps after its first
+    later = hmask[:, None] & (rows > 0)[None, :]
+    for s in tl.range(0, whole, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        u_l, u_h = _pair_bwd_tile(
+            theta_ptr, scale_ptr, gamma_ptr, h0_at, out_ptr, grad_ptr, dtheta_ptr, dscale_ptr, dgamma_ptr,
+            db_ptr, dh0_at, base, th_rel, gate_rel, rel_l, rel_h, h0_l, h0_h, valid, alive, later,
+            first - s - rows, sign_lo, sign_hi, live, u_l, u_h, n, HALF, K, ROWS, HAS_SCALE, HAS_DECAY, WT,
         )  # fmt: skip
-        at_l = base * K + rel_l
-        at_h = base * K + rel_h
-        add_l = tl.load(grad_ptr + at_l, mask=valid, other=0.0).to(WT)
-        add_h = tl.load(grad_ptr + at_h, mask=valid, other=0.0).to(WT)
-        add_l += tl.where(head_row, u_l[:, :, None], 0.0)
-        add_h += tl.where(head_row, u_h[:, :, None], 0.0)
-        _, _, _, _, lam_l, lam_h = tl.associative_scan((q00, q01, q10, q11, add_l, add_h), 2, _pair_compose)
-        tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=valid)
-        tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=valid)
-        start = (time == 0)[None, None, :]
-        xs_l = tl.load(out_ptr + at_l - n * K, mask=valid & ~start, other=0.0).to(WT)
-        xs_h = tl.load(out_ptr + at_h - n * K, mask=valid & ~start, other=0.0).to(WT)
-        xs_l += tl.load(h0_at + h0_l, mask=valid & start, other=0.0).to(WT)
-        xs_h += tl.load(h0_at + h0_h, mask=valid & start, other=0.0).to(WT)
-        xs_l = xs_l * sign_lo[None, :, None]
-        xs_h = xs_h * sign_hi[None, :, None]
-        th_at = base * HALF + th_rel
-        th = tl.load(theta_ptr + th_at, mask=valid, other=0.0).to(WT)
-        sn, cs = sincos(th)
-        y_l = cs * xs_l - sn * xs_h
-        y_h = sn * xs_l + cs * xs_h
-        dc = tl.sum(lam_l * y_l + lam_h * y_h, axis=1)
-        factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, base + gate_rel, alive, dc,
-                             HAS_SCALE, HAS_DECAY, WT)[:, None, :]  # fmt: skip
-        g_l = lam_l * factor
-        g_h = lam_h * factor
-        tl.store(dtheta_ptr + th_at, (g_h * y_l - g_l * y_h).to(dtheta_ptr.dtype.element_ty), mask=valid)
-        v_l = (cs * g_l + sn * g_h) * sign_lo[None, :, None]
-        v_h = (cs * g_h - sn * g_l) * sign_hi[None, :, None]
-        tl.store(dh0_at + h0_l, v_l.to(dh0_ptr.dtype.element_ty), mask=valid & start)
-        tl.store(dh0_at + h0_h, v_h.to(dh0_ptr.dtype.element_ty), mask=valid & start)
-        u_l, u_h = _tile_end(v_l, last), _tile_end(v_h, last)
         base -= ROWS * n
+    if whole < span:
+        inside = whole + rows < span
+        alive = hmask[:, None] & inside[None, :]
+        valid = live[:, :, None] & alive[:, None, :]
+        later = hmask[:, None] & ((rows > 0) & inside)[None, :]
+        _pair_bwd_tile(
+            theta_ptr, scale_ptr, gamma_ptr, h0_at, out_ptr, grad_ptr, dtheta_ptr, dscale_ptr, dgamma_ptr,
+            db_ptr, dh0_at, base, th_rel, gate_rel, rel_l, rel_h, h0_l, h0_h, valid, alive, later,
+            first - whole - rows, sign_lo, sign_hi, live, u_l, u_h, n, HALF, K, ROWS, HAS_SCALE, HAS_DECAY,
+            WT,
+        )  # fmt: skip
+
+
+@triton.jit
+def _pair_bwd_tile(
+    theta_ptr, scale_ptr, gamma_ptr, h0_at, out_ptr, grad_ptr, dtheta_ptr, dscale_ptr, dgamma_ptr, db_ptr,
+    dh0_at, base, th_rel, gate_rel, rel_l, rel_h, h0_l, h0_h, valid, alive, later, time, sign_lo, sign_hi,
+    live, u_l, u_h, n,
+    HALF: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr,
+    WT: tl.constexpr,
+):  # fmt: skip
+    """One tile of :func:`_pair_bwd_kernel` at row ``base`` (its steps at ``time`` (ROWS,), walking back)
+    from the adjoint carry (u_l, u_h) entering it: stores its gradients and returns the carry it leaves."""
+    rows = tl.arange(0, ROWS)
+    ahead = base + n
+    q00, q01, q10, q11 = _pair_step_maps(
+        theta_ptr + ahead * HALF + th_rel, scale_ptr + ahead + gate_rel, gamma_ptr + ahead + gate_rel,
+        live[:, :, None] & later[:, None, :], later, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, True, WT,
+    )  # fmt: skip
+    at_l = base * K + rel_l
+    at_h = base * K + rel_h
+    add_l = tl.load(grad_ptr + at_l, mask=valid, other=0.0).to(WT)
+    add_h = tl.load(grad_ptr + at_h, mask=valid, other=0.0).to(WT)
+    head_row = (rows == 0)[None, None, :]
+    add_l += tl.where(head_row, u_l[:, :, None], 0.0)
+    add_h += tl.where(head_row, u_h[:, :, None], 0.0)
+    _, _, _, _, lam_l, lam_h = tl.associative_scan((q00, q01, q10, q11, add_l, add_h), 2, _pair_compose)
+    tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=valid)
+    tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=valid)
+    start = (time == 0)[None, None, :]
+    xs_l = tl.load(out_ptr + at_l - n * K, mask=valid & ~start, other=0.0).to(WT)
+    xs_h = tl.load(out_ptr + at_h - n * K, mask=valid & ~start, other=0.0).to(WT)
+    xs_l += tl.load(h0_at + h0_l, mask=valid & start, other=0.0).to(WT)
+    xs_h += tl.load(h0_at + h0_h, mask=valid & start, other=0.0).to(WT)
+    xs_l = xs_l * sign_lo[None, :, None]
+    xs_h = xs_h * sign_hi[None, :, None]
+    th_at = base * HALF + th_rel
+    th = tl.load(theta_ptr + th_at, mask=valid, other=0.0).to(WT)
+    sn, cs = sincos(th)
+    y_l = cs * xs_l - sn * xs_h
+    y_h = sn * xs_l + cs * xs_h
+    dc = tl.sum(lam_l * y_l + lam_h * y_h, axis=1)
+    factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, base + gate_rel, alive, dc, HAS_SCALE,
+                         HAS_DECAY, WT)[:, None, :]  # fmt: skip
+    g_l = lam_l * factor
+    g_h = lam_h * factor
+    tl.store(dtheta_ptr + th_at, (g_h * y_l - g_l * y_h).to(dtheta_ptr.dtype.element_ty), mask=valid)
+    v_l = (cs * g_l + sn * g_h) * sign_lo[None, :, None]
+    v_h = (cs * g_h - sn * g_l) * sign_hi[None, :, None]
+    tl.store(dh0_at + h0_l, v_l.to(dh0_at.dtype.element_ty), mask=valid & start)
+    tl.store(dh0_at + h0_h, v_h.to(dh0_at.dtype.element_ty), mask=valid & start)
+    last = (rows == ROWS - 1)[None, None, :]
+    return _tile_end(v_l, last), _tile_end(v_h, last)
 
 
 @triton.jit
