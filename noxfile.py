@@ -273,7 +273,7 @@ def bench_smoke(session: nox.Session) -> None:
         ("python", sweep, "--smoke", "--family", "log", "--compile-workers", "2"),  # the worker pool
         ("python", chunked, "--smoke", "--family", "affine", "--compile-workers", "2"),
         (*angle, "--modes", "fwd"),
-        (*angle, "--shapes", "1x40x2x4x1", "--pair-tiles", "off,1x1"),
+        (*angle, "--shapes", "1x40x2x4x1", "--pair-tiles", "off,1x1", "--pair-rows", "2"),
         (*angle, "--shapes", "1x40x2x4x1", "--lookback-tiles", "8x2x1"),
         ("python", str(ROOT / "benchmarks" / "overhead.py"), "--smoke"),
         ("python", str(ROOT / "benchmarks" / "strategies.py"), "--smoke"),
