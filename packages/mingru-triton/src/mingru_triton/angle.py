@@ -77,11 +77,12 @@ PAIR_TILE = 32
 """Pairs (one per thread; whole heads, at least one) per program of the pair kernels (summaries, carries,
 replays)."""
 PAIR_ROWS = 4
-"""Steps (chunks, for the carries) the R = 1 pair kernels take per loop iteration: their loads go out
-together and a scan over them in each thread's registers composes them, so a program waits on memory once
-per PAIR_ROWS steps instead of every step. 4 keeps the kernels within the registers, up to 32 bytes of
-spills in the adjoint (compiled for sm_90 at k = 6 to 128); 8 takes the float32 adjoint to 255 registers and
-spills hundreds of bytes in float64. Not yet timed on a GPU."""
+"""Steps (chunks, for the carries) the R = 1 pair summaries, carries and forward replays take per loop
+iteration: their loads go out together and a scan over them in each thread's registers composes them, so a
+program waits on memory once per PAIR_ROWS steps instead of every step. The adjoint replay keeps one step
+per iteration (on 4-step tiles it ran slower). On an H100 at (8, 4096, 16, k, 1), k = 8 to 64, forward,
+chunks of 64: 4 steps ran 1.2x-1.3x faster than 8 in float32, 1.1x-1.2x faster in bfloat16 but at k = 8
+(1.2x slower)."""
 LOOKBACK_BLOCK_T = 16
 """Steps per tile of the R = 1 single pass (:func:`_pair_lookback_kernel` and its adjoint)."""
 LOOKBACK_REPLAY = 4
@@ -207,7 +208,8 @@ class _Plan(NamedTuple):
     """(heads, warps) of a pair-kernel program (:func:`_pair_tile`) when the summaries keep only the 2 x 2
     pair blocks (R = 1), else None."""
     rows: int = 1
-    """Steps per iteration of the pair kernels' loops (:data:`PAIR_ROWS`); 1 where there are none."""
+    """Steps per iteration of the pair summaries', carries' and forward replays' loops (:data:`PAIR_ROWS`;
+    they unroll by 1); 1 where there are none."""
 
 
 def _plan(
@@ -908,14 +910,10 @@ def _pair_bwd_kernel(
     T, n, n_hblocks, NC, CHUNK,
     K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, CARRY_IN: tl.constexpr, FP64: tl.constexpr,
-    STAGES: tl.constexpr, UNROLL: tl.constexpr, ROWS: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr,
 ):  # fmt: skip
-    """:func:`_bwd_kernel` for R = 1 with a pair per thread, walking its chunk backwards ROWS steps at a time
-    ((heads, slots, steps) tiles as in :func:`_pair_summary_kernel`). The adjoint lam_t = dh_t + u_{t+1},
-    u_{t+1} = c_{t+1} P_{t+1}^T lam_{t+1}, is a scan over the tile's steps whose map at a step is P^T one
-    step later in time (the carry u enters the tile's first step); then each step's gradients: with
-    y = L_t(h_{t-1}) (h0 at t = 0), dc = lam . y per head, dtheta = c (lam_hi y_lo - lam_lo y_hi),
-    u_t = c_t P_t^T lam_t (dh0 = u_0)."""
+    """:func:`_bwd_kernel` for R = 1 with a pair per thread: with y = L_t(h_{t-1}) and u = c_t lam_t,
+    dtheta = u_lo dy_lo/dtheta + u_hi dy_hi/dtheta and the carry L_t^T u, one cos / sin per pair and step."""
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
     c = pid % NC
@@ -929,92 +927,48 @@ def _pair_bwd_kernel(
     else:
         u_l = tl.zeros((BLOCK_H, BLOCK_K // 2), dtype=tl.float32).to(WT)
         u_h = u_l
-    rows = tl.arange(0, ROWS)
-    hmask = heads < n
-    # the chunk's steps inside T, walked from the last one; whole tiles first (loop-invariant masks), then a
-    # partial tile if any
-    span = tl.minimum(CHUNK, T - (c * CHUNK).to(tl.int32))
-    first = (c * CHUNK).to(tl.int32) + span - 1
-    base, th_rel, gate_rel, rel_l, rel_h = _pair_tile_offsets(bi, heads, m, lo, hi, first, rows, -n, T, n,
-                                                              HALF, K)  # fmt: skip
-    h0_at, dh0_at = h0_ptr + bi * n * K, dh0_ptr + bi * n * K
-    h0_l = (heads.to(tl.int32) * K)[:, None, None] + lo[None, :, None] + rows[None, None, :] * 0
-    h0_h = h0_l - lo[None, :, None] + hi[None, :, None]
-    whole = span // ROWS * ROWS
-    alive = hmask[:, None] & (rows >= 0)[None, :]
-    valid = live[:, :, None] & alive[:, None, :]
-    # the maps one step later in time, for a tile's steps after its first
-    later = hmask[:, None] & (rows > 0)[None, :]
-    for s in tl.range(0, whole, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        u_l, u_h = _pair_bwd_tile(
-            theta_ptr, scale_ptr, gamma_ptr, h0_at, out_ptr, grad_ptr, dtheta_ptr, dscale_ptr, dgamma_ptr,
-            db_ptr, dh0_at, base, th_rel, gate_rel, rel_l, rel_h, h0_l, h0_h, valid, alive, later,
-            first - s - rows, sign_lo, sign_hi, live, u_l, u_h, n, HALF, K, ROWS, HAS_SCALE, HAS_DECAY, WT,
-        )  # fmt: skip
-        base -= ROWS * n
-    if whole < span:
-        inside = whole + rows < span
-        alive = hmask[:, None] & inside[None, :]
-        valid = live[:, :, None] & alive[:, None, :]
-        later = hmask[:, None] & ((rows > 0) & inside)[None, :]
-        _pair_bwd_tile(
-            theta_ptr, scale_ptr, gamma_ptr, h0_at, out_ptr, grad_ptr, dtheta_ptr, dscale_ptr, dgamma_ptr,
-            db_ptr, dh0_at, base, th_rel, gate_rel, rel_l, rel_h, h0_l, h0_h, valid, alive, later,
-            first - whole - rows, sign_lo, sign_hi, live, u_l, u_h, n, HALF, K, ROWS, HAS_SCALE, HAS_DECAY,
-            WT,
-        )  # fmt: skip
-
-
-@triton.jit
-def _pair_bwd_tile(
-    theta_ptr, scale_ptr, gamma_ptr, h0_at, out_ptr, grad_ptr, dtheta_ptr, dscale_ptr, dgamma_ptr, db_ptr,
-    dh0_at, base, th_rel, gate_rel, rel_l, rel_h, h0_l, h0_h, valid, alive, later, time, sign_lo, sign_hi,
-    live, u_l, u_h, n,
-    HALF: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr,
-    WT: tl.constexpr,
-):  # fmt: skip
-    """One tile of :func:`_pair_bwd_kernel` at row ``base`` (its steps at ``time`` (ROWS,), walking back)
-    from the adjoint carry (u_l, u_h) entering it: stores its gradients and returns the carry it leaves."""
-    rows = tl.arange(0, ROWS)
-    ahead = base + n
-    q00, q01, q10, q11 = _pair_step_maps(
-        theta_ptr + ahead * HALF + th_rel, scale_ptr + ahead + gate_rel, gamma_ptr + ahead + gate_rel,
-        live[:, :, None] & later[:, None, :], later, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, True, WT,
-    )  # fmt: skip
-    at_l = base * K + rel_l
-    at_h = base * K + rel_h
-    add_l = tl.load(grad_ptr + at_l, mask=valid, other=0.0).to(WT)
-    add_h = tl.load(grad_ptr + at_h, mask=valid, other=0.0).to(WT)
-    head_row = (rows == 0)[None, None, :]
-    add_l += tl.where(head_row, u_l[:, :, None], 0.0)
-    add_h += tl.where(head_row, u_h[:, :, None], 0.0)
-    _, _, _, _, lam_l, lam_h = tl.associative_scan((q00, q01, q10, q11, add_l, add_h), 2, _pair_compose)
-    tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=valid)
-    tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=valid)
-    start = (time == 0)[None, None, :]
-    xs_l = tl.load(out_ptr + at_l - n * K, mask=valid & ~start, other=0.0).to(WT)
-    xs_h = tl.load(out_ptr + at_h - n * K, mask=valid & ~start, other=0.0).to(WT)
-    xs_l += tl.load(h0_at + h0_l, mask=valid & start, other=0.0).to(WT)
-    xs_h += tl.load(h0_at + h0_h, mask=valid & start, other=0.0).to(WT)
-    xs_l = xs_l * sign_lo[None, :, None]
-    xs_h = xs_h * sign_hi[None, :, None]
-    th_at = base * HALF + th_rel
-    th = tl.load(theta_ptr + th_at, mask=valid, other=0.0).to(WT)
-    sn, cs = sincos(th)
-    y_l = cs * xs_l - sn * xs_h
-    y_h = sn * xs_l + cs * xs_h
-    dc = tl.sum(lam_l * y_l + lam_h * y_h, axis=1)
-    factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, base + gate_rel, alive, dc, HAS_SCALE,
-                         HAS_DECAY, WT)[:, None, :]  # fmt: skip
-    g_l = lam_l * factor
-    g_h = lam_h * factor
-    tl.store(dtheta_ptr + th_at, (g_h * y_l - g_l * y_h).to(dtheta_ptr.dtype.element_ty), mask=valid)
-    v_l = (cs * g_l + sn * g_h) * sign_lo[None, :, None]
-    v_h = (cs * g_h - sn * g_l) * sign_hi[None, :, None]
-    tl.store(dh0_at + h0_l, v_l.to(dh0_at.dtype.element_ty), mask=valid & start)
-    tl.store(dh0_at + h0_h, v_h.to(dh0_at.dtype.element_ty), mask=valid & start)
-    last = (rows == ROWS - 1)[None, None, :]
-    return _tile_end(v_l, last), _tile_end(v_h, last)
+    state = ((bi * n + heads) * K)[:, None]
+    for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        t = c * CHUNK + CHUNK - 1 - s
+        alive = (heads < n) & (heads * 0 + t < T)
+        step = live & alive[:, None]
+        row = (bi * T + t) * n + heads
+        at_l = (row * K)[:, None] + lo[None, :]
+        at_h = (row * K)[:, None] + hi[None, :]
+        lam_l = u_l + tl.load(grad_ptr + at_l, mask=step, other=0.0).to(WT)
+        lam_h = u_h + tl.load(grad_ptr + at_h, mask=step, other=0.0).to(WT)
+        tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=step)
+        tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=step)
+        first = (heads * 0 + t == 0)[:, None]
+        xs_l = tl.load(out_ptr + at_l - n * K, mask=step & ~first, other=0.0).to(WT)
+        xs_h = tl.load(out_ptr + at_h - n * K, mask=step & ~first, other=0.0).to(WT)
+        xs_l += tl.load(h0_ptr + state + lo[None, :], mask=step & first, other=0.0).to(WT)
+        xs_h += tl.load(h0_ptr + state + hi[None, :], mask=step & first, other=0.0).to(WT)
+        xs_l = xs_l * sign_lo[None, :]
+        xs_h = xs_h * sign_hi[None, :]
+        th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
+        # this loop keeps Triton's cos and sin, its indexing and one step per iteration: rewritten like the
+        # forward pair kernels (pointers moved per step, h0 picked by a where, sincos) it ran 8% faster in
+        # float32 but 1.6x slower in bfloat16 (H100, (8, 4096, 16, 16), chunks of 32); on 4-step tiles
+        # (a scan of the maps one step later in time, loaded again) 1.3x-1.4x slower in both (86 / 70 us
+        # against 63 / 54 us, H100, k = 16); which part slowed either is not known
+        cs = tl.cos(th)
+        sn = tl.sin(th)
+        y_l = cs * xs_l - sn * xs_h
+        y_h = sn * xs_l + cs * xs_h
+        dc = tl.sum(lam_l * y_l + lam_h * y_h, axis=1)
+        factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, alive, dc, HAS_SCALE,
+                             HAS_DECAY, WT)[:, None]  # fmt: skip
+        g_l = lam_l * factor
+        g_h = lam_h * factor
+        dtheta = g_h * y_l - g_l * y_h
+        tl.store(dtheta_ptr + (row * HALF)[:, None] + m[None, :], dtheta.to(dtheta_ptr.dtype.element_ty),
+                 mask=step)  # fmt: skip
+        u_l = (cs * g_l + sn * g_h) * sign_lo[None, :]
+        u_h = (cs * g_h - sn * g_l) * sign_hi[None, :]
+    first = live & (heads * 0 + c == 0)[:, None]
+    tl.store(dh0_ptr + state + lo[None, :], u_l.to(dh0_ptr.dtype.element_ty), mask=first)
+    tl.store(dh0_ptr + state + hi[None, :], u_h.to(dh0_ptr.dtype.element_ty), mask=first)
 
 
 @triton.jit
@@ -1402,6 +1356,7 @@ def _carries(
     loops = {"STAGES": plan.stages, "UNROLL": plan.unroll}
     common = {"K": k, "BLOCK_K": meta["BLOCK_K"], "REVERSE": reverse, "FP64": meta["FP64"]}
     if plan.pairs is not None:
+        loops["UNROLL"] = 1  # the tiles take several steps per iteration already
         pair_h, pair_warps = plan.pairs
         pairs = torch.empty(3, batch, chunks, heads, k, device=add.device, dtype=work)
         # the plane's size without indexing pairs: a CPU-only torch cannot index a fake CUDA tensor
@@ -1478,6 +1433,7 @@ def _forward(
     kernel, n_hblocks, tile = _replay(plan, heads, meta, _fwd_kernel, _pair_fwd_kernel)
     if kernel is _pair_fwd_kernel:
         tile["ROWS"] = plan.rows
+        loops["UNROLL"] = 1  # the tiles take several steps per iteration already
     launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, b, carries, perm, sgn, p2p, out,
            steps, heads, n_hblocks, chunks, chunk, **tile, **flags, **loops)  # fmt: skip
     return out
@@ -1523,8 +1479,6 @@ def _backward(
     else:
         chunks, chunk, carries, carry_in = 1, max(steps, 1), h0, 0
     kernel, n_hblocks, tile = _replay(plan, heads, meta, _bwd_kernel, _pair_bwd_kernel)
-    if kernel is _pair_bwd_kernel:
-        tile["ROWS"] = plan.rows
     launch(kernel, (batch * n_hblocks * chunks,), theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p,
            carries, dtheta, dscale, dgamma, db, dh0, steps, heads, n_hblocks, chunks, chunk, **tile, **flags,
            CARRY_IN=carry_in, **loops)  # fmt: skip
