@@ -646,8 +646,8 @@ def _pair_tile_offsets(bi, heads, m, lo, hi, first, rows, move, T, n, HALF: tl.c
     """Offsets of a (BLOCK_H, BLOCK_K // 2, ROWS) pair tile whose row r is step first + r move: the scalar
     row (bi T + first) n of its first step (a step moves it by n; theta's entries are HALF per row, those of
     a (B, T, n, k) tensor K) and the tile's int32 offsets from there into theta (BLOCK_H, BLOCK_K // 2, ROWS),
-    the gates (BLOCK_H, ROWS) and the lo and hi entries of a (B, T, n, k) tensor. Loop-invariant and 32-bit,
-    so that a tile's addresses cost no registers across the step loop."""
+    the gates (BLOCK_H, ROWS) and the lo and hi entries of a (B, T, n, k) tensor. 32-bit and loop-invariant:
+    a tile's addresses are the scalar plus these, not 64-bit pointers carried across the loop."""
     heads = heads.to(tl.int32)
     walk = (rows * move)[None, None, :]
     th_rel = (heads * HALF)[:, None, None] + m[None, :, None] + walk * HALF
