@@ -11,8 +11,8 @@ forward or forward + backward:
 - angle: chunked with each ``--chunks`` x ``--stages`` x ``--unroll`` x ``--tile`` (state entries per
   vector-path program) x ``--summary-tiles`` (heads x columns x warps of a chunk-summary program, or "own":
   the kernel's own) x ``--pair-tiles`` (R = 1: heads x warps of a pair-summary program, "off" for the
-  dense k x k summaries, or "own") x ``--pair-rows`` (R = 1: steps per iteration of the pair summaries and
-  forward replays), and the sequential strategy; with ``--lookback-tiles`` (R = 1), the
+  dense k x k summaries, or "own") x ``--pair-rows`` (R = 1: steps per iteration of the pair summaries,
+  carries and forward replays), and the sequential strategy; with ``--lookback-tiles`` (R = 1), the
   single pass (forward and adjoint) with each tile (steps x heads x warps).
 
 Each result is checked against the call with the kernel's own plan (same inputs, same output gradient),
@@ -288,8 +288,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--pair-rows",
         type=_parse_ints,
         default=[None],
-        help="angle only, R = 1: comma-separated steps per iteration of the pair summaries and forward "
-        "replays (default: the kernel's own)",
+        help="angle only, R = 1: comma-separated steps per iteration of the pair summaries, carries and "
+        "forward replays (default: the kernel's own)",
     )
     parser.add_argument(
         "--lookback-tiles",

@@ -769,8 +769,8 @@ def _pair_summary_tile(
     t00, t01, t10, t11, t_l, t_h = tl.associative_scan((p00, p01, p10, p11, add_l, add_h), 2, _pair_compose)
     last = (tl.arange(0, ROWS) == ROWS - 1)[None, None, :]
     return _pair_compose(
-        m_ll, m_lh, m_hl, m_hh, e_l, e_h, _tile_end(t00, last), _tile_end(t01, last), _tile_end(t10, last),
-        _tile_end(t11, last), _tile_end(t_l, last), _tile_end(t_h, last),
+        m_ll, m_lh, m_hl, m_hh, e_l, e_h, _last_step(t00, last), _last_step(t01, last), _last_step(t10, last),
+        _last_step(t11, last), _last_step(t_l, last), _last_step(t_h, last),
     )  # fmt: skip
 
 
@@ -826,7 +826,7 @@ def _pair_carry_kernel(
         following = valid & (walk + 1 < NC)[None, None, :]
         tl.store(carry_ptr + base + move * n * K + rel_l, y_l, mask=following)
         tl.store(carry_ptr + base + move * n * K + rel_h, y_h, mask=following)
-        x_l, x_h = _tile_end(y_l, last), _tile_end(y_h, last)
+        x_l, x_h = _last_step(y_l, last), _last_step(y_h, last)
         base += ROWS * move * n * K
 
 
@@ -900,7 +900,7 @@ def _pair_fwd_tile(
     tl.store(out_ptr + base * K + rel_l, h_l.to(out_ptr.dtype.element_ty), mask=valid)
     tl.store(out_ptr + base * K + rel_h, h_h.to(out_ptr.dtype.element_ty), mask=valid)
     last = (rows == ROWS - 1)[None, None, :]
-    return _tile_end(h_l, last), _tile_end(h_h, last)
+    return _last_step(h_l, last), _last_step(h_h, last)
 
 
 @triton.jit
@@ -990,14 +990,9 @@ def _pair_apply(a00, a01, a10, a11, a_l, a_h, x_l, x_h):
 
 @triton.jit
 def _last_step(x, last):
-    """Column BLOCK_T - 1 of a (BLOCK_Q, BLOCK_T) tile (``last`` marks it)."""
-    return tl.sum(tl.where(last, x, 0.0), axis=1)
-
-
-@triton.jit
-def _tile_end(x, last):
-    """The last step of a (BLOCK_H, BLOCK_K // 2, ROWS) pair tile (``last`` marks it)."""
-    return tl.sum(tl.where(last, x, 0.0), axis=2)
+    """The last step of a tile whose steps are its last dimension (``last`` marks it): the pair kernels'
+    (BLOCK_H, BLOCK_K // 2, ROWS) tiles and the single pass's (BLOCK_Q, BLOCK_T) ones."""
+    return tl.sum(tl.where(last, x, 0.0), axis=-1)
 
 
 @triton.jit
