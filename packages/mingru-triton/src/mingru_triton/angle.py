@@ -293,6 +293,18 @@ def _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lanes, K: tl.constexpr, R: tl.const
 
 
 @triton.jit
+def _step_angles(theta_ptr, at, angles, mask, HALF: tl.constexpr, R: tl.constexpr):
+    """A step's angles, one tile per layer r at ``at + r HALF + angles[r]`` (broadcast against each other and
+    ``mask``; a tuple of R): loaded together
+    before any is used, since :func:`sincos`'s exact path is a branch that a load after it waits behind."""
+    loaded = ()
+    for r in tl.static_range(R):
+        th = tl.load(theta_ptr + at + r * HALF + angles[r], mask=mask, other=0.0)
+        loaded = loaded + (th,)  # type: ignore[assignment]  # noqa: RUF005
+    return loaded
+
+
+@triton.jit
 def _fwd_kernel(
     theta_ptr, scale_ptr, gamma_ptr, b_ptr, init_ptr, perm_ptr, sgn_ptr, p2p_ptr, out_ptr,
     T, n, n_hblocks, NC, CHUNK,
@@ -320,35 +332,51 @@ def _fwd_kernel(
         live = hmask & (heads * 0 + t < T)
         tmask = live[:, None] & kmask[None, :]
         row = (bi * T + t) * n + heads
-        theta_base = (row * R * HALF)[:, None]
+        offs = row[:, None] * K + lanes[None, :]
+        # the step's loads first (see :func:`_step_angles`)
+        angles_t = _step_angles(theta_ptr, (row * R * HALF)[:, None], angles, tmask, HALF, R)
+        scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
+        add = tl.load(b_ptr + offs, mask=tmask, other=0.0).to(WT)
         for r in tl.static_range(R):
-            th = tl.load(theta_ptr + theta_base + r * HALF + angles[r][None, :], mask=tmask, other=0.0)
-            sn, cs = sincos(th.to(WT))
+            sn, cs = sincos(angles_t[r].to(WT))
             xs = x * signs[r][None, :]
             idx = tl.broadcast_to(partners[r][None, :], (BLOCK_H, BLOCK_K))
             x = cs * xs + sides[r][None, :] * sn * tl.gather(xs, idx, 1)
         if HAS_SCALE:
-            x = x * tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)[:, None]
+            x = x * scale[:, None]
         if HAS_DECAY:
-            x = x * tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)[:, None]
-        offs = row[:, None] * K + lanes[None, :]
-        x = x + tl.load(b_ptr + offs, mask=tmask, other=0.0).to(WT)
+            x = x * gamma[:, None]
+        x = x + add
         tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=tmask)
 
 
 @triton.jit
+def _load_gates(
+    scale_ptr, gamma_ptr, row, live, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr
+):  # fmt: skip
+    """(scale, gamma) at the offsets ``row`` of (head, step) entries, 1 where a gate is absent or not
+    ``live``."""
+    scale = tl.full(row.shape, 1.0, tl.float32).to(WT)
+    gamma = scale
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
+    if HAS_DECAY:
+        gamma = tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
+    return scale, gamma
+
+
+@triton.jit
 def _gate_grads(
-    scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, live, dc,
+    dscale_ptr, dgamma_ptr, scale, gamma, row, live, dc,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr,
 ):  # fmt: skip
     """Stores dscale = dc * gamma^[has_decay] and dgamma = dc * scale^[has_scale] at the offsets ``row`` of
-    (head, step) entries (dc = lam . L(h_{t-1}), same shape) and returns their c_t."""
+    (head, step) entries (dc = lam . L(h_{t-1}), same shape; the gates from :func:`_load_gates`) and
+    returns their c_t."""
     factor = tl.full(dc.shape, 1.0, tl.float32).to(WT)
     if HAS_SCALE:
-        scale = tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
         factor = factor * scale
     if HAS_DECAY:
-        gamma = tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
         factor = factor * gamma
         if HAS_SCALE:
             tl.store(dscale_ptr + row, (dc * gamma).to(dscale_ptr.dtype.element_ty), mask=live)
@@ -403,19 +431,20 @@ def _bwd_kernel(
         first = (heads * 0 + t == 0)[:, None]
         prev = tl.load(out_ptr + offs - n * K, mask=tmask & ~first, other=0.0).to(WT)
         prev += tl.load(h0_ptr + state, mask=tmask & first, other=0.0).to(WT)
+        angles_t = _step_angles(theta_ptr, theta_base, angles, tmask, HALF, R)
+        scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
         x = prev
         # each layer's cos / sin, kept for the reverse sweep below
         cosines = ()
         sines = ()
         for r in tl.static_range(R):
-            th = tl.load(theta_ptr + theta_base + r * HALF + angles[r][None, :], mask=tmask, other=0.0)
-            sn, cs = sincos(th.to(WT))
+            sn, cs = sincos(angles_t[r].to(WT))
             cosines = cosines + (cs,)  # type: ignore[assignment]  # noqa: RUF005
             sines = sines + (sn,)  # type: ignore[assignment]  # noqa: RUF005
             xs = x * signs[r][None, :]
             idx = tl.broadcast_to(partners[r][None, :], (BLOCK_H, BLOCK_K))
             x = cs * xs + sides[r][None, :] * sn * tl.gather(xs, idx, 1)
-        factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, live, tl.sum(lam * x, axis=1),
+        factor = _gate_grads(dscale_ptr, dgamma_ptr, scale, gamma, row, live, tl.sum(lam * x, axis=1),
                              HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
         u = lam * factor[:, None]
         for q in tl.static_range(R):
@@ -509,24 +538,22 @@ def _fwd_summary_kernel(
     c, bi, cb, rows, lane, head, cols, rmask, mat, end = _summary_start(
         n, n_hblocks, NC, K, BLOCK_H, BLOCK_K, BLOCK_C, WT
     )
+    partners, angles, signs, _ = _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lane, K, R, WT)
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
         t = c * CHUNK + s
         live = rmask & (rows * 0 + t < T)
         row = (bi * T + t) * n + head
-        factor = tl.full((ROWS,), 1.0, tl.float32).to(WT)
-        if HAS_SCALE:
-            factor = factor * tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
-        if HAS_DECAY:
-            factor = factor * tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
+        # the step's loads first (see :func:`_step_angles`)
+        angles_t = _step_angles(theta_ptr, row * R * HALF, angles, live, HALF, R)
+        scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
+        add = tl.load(b_ptr + row * K + lane, mask=live, other=0.0).to(WT)
+        factor = scale * gamma
         for r in tl.static_range(R):
-            partner = tl.load(perm_ptr + r * K + lane, mask=lane < K, other=0).to(tl.int32)
-            partner = tl.where(lane < K, partner, lane)
-            angle = tl.load(p2p_ptr + r * K + lane, mask=lane < K, other=0).to(tl.int32)
-            sign = tl.load(sgn_ptr + r * K + lane, mask=lane < K, other=1.0).to(WT)
+            partner = partners[r]
+            sign = signs[r]
             psign = tl.load(sgn_ptr + r * K + partner, mask=lane < K, other=1.0).to(WT)
-            th = tl.load(theta_ptr + (row * R + r) * HALF + angle, mask=live, other=0.0).to(WT)
             # y_i = cos_i sgn_i x_i +- sin_i sgn_p x_p; the step's factor rides on the last layer
-            sn, cs = sincos(th)
+            sn, cs = sincos(angles_t[r].to(WT))
             cs = cs * sign
             ssn = tl.where(lane < partner, -1.0, 1.0).to(WT) * sn * psign
             if r == R - 1:
@@ -536,7 +563,7 @@ def _fwd_summary_kernel(
         if R == 0:
             mat = mat * factor[:, None]
             end = end * factor[:, None]
-        end = end + tl.load(b_ptr + row * K + lane, mask=live, other=0.0).to(WT)[:, None]
+        end = end + add[:, None]
     _store_summary(mat_ptr, end_ptr, mat, end, bi, c, cb, n, NC, rows, lane, head, cols, rmask, K)
 
 
@@ -556,28 +583,25 @@ def _bwd_summary_kernel(
     c, bi, cb, rows, lane, head, cols, rmask, mat, end = _summary_start(
         n, n_hblocks, NC, K, BLOCK_H, BLOCK_K, BLOCK_C, WT
     )
+    partners, angles, signs, _ = _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lane, K, R, WT)
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
         t = c * CHUNK + CHUNK - 1 - s
         live = rmask & (rows * 0 + t < T)
         row = (bi * T + t) * n + head
+        # the step's loads first (see :func:`_step_angles`)
         end = end + tl.load(grad_ptr + row * K + lane, mask=live, other=0.0).to(WT)[:, None]
-        factor = tl.full((ROWS,), 1.0, tl.float32).to(WT)
-        if HAS_SCALE:
-            factor = factor * tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
-        if HAS_DECAY:
-            factor = factor * tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
+        angles_t = _step_angles(theta_ptr, row * R * HALF, angles, live, HALF, R)
+        scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
+        factor = scale * gamma
         if R == 0:
             mat = mat * factor[:, None]
             end = end * factor[:, None]
         for q in tl.static_range(R):
-            r = R - 1 - q
-            partner = tl.load(perm_ptr + r * K + lane, mask=lane < K, other=0).to(tl.int32)
-            partner = tl.where(lane < K, partner, lane)
-            angle = tl.load(p2p_ptr + r * K + lane, mask=lane < K, other=0).to(tl.int32)
-            sign = tl.load(sgn_ptr + r * K + lane, mask=lane < K, other=1.0).to(WT)
-            th = tl.load(theta_ptr + (row * R + r) * HALF + angle, mask=live, other=0.0).to(WT)
+            # tuples take constant indices: R - 1 - q, not a name assigned from it
+            partner = partners[R - 1 - q]
+            sign = signs[R - 1 - q]
             # y_i = sgn_i (cos_i x_i -+ sin_i x_p); the step's factor rides on the first layer applied
-            sn, cs = sincos(th)
+            sn, cs = sincos(angles_t[R - 1 - q].to(WT))
             cs = cs * sign
             ssn = tl.where(lane < partner, sign, -sign) * sn
             if q == 0:
@@ -947,6 +971,7 @@ def _pair_bwd_kernel(
         xs_l = xs_l * sign_lo[None, :]
         xs_h = xs_h * sign_hi[None, :]
         th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
+        scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, alive, HAS_SCALE, HAS_DECAY, WT)
         # this loop keeps Triton's cos and sin, its indexing and one step per iteration: rewritten like the
         # forward pair kernels (pointers moved per step, h0 picked by a where, sincos) it ran 8% faster in
         # float32 but 1.6x slower in bfloat16 (H100, (8, 4096, 16, 16), chunks of 32); on 4-step tiles
@@ -957,8 +982,8 @@ def _pair_bwd_kernel(
         y_l = cs * xs_l - sn * xs_h
         y_h = sn * xs_l + cs * xs_h
         dc = tl.sum(lam_l * y_l + lam_h * y_h, axis=1)
-        factor = _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, row, alive, dc, HAS_SCALE,
-                             HAS_DECAY, WT)[:, None]  # fmt: skip
+        factor = _gate_grads(dscale_ptr, dgamma_ptr, scale, gamma, row, alive, dc, HAS_SCALE, HAS_DECAY,
+                             WT)[:, None]  # fmt: skip
         g_l = lam_l * factor
         g_h = lam_h * factor
         dtheta = g_h * y_l - g_l * y_h
@@ -1218,8 +1243,10 @@ def _pair_lookback_bwd_kernel(
     y_h = sn * xs_l + cs * xs_h
     dc = tl.sum(tl.reshape(lam_l * y_l + lam_h * y_h, (BLOCK_H, SLOTS, BLOCK_T)), axis=1)
     own = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    _gate_grads(scale_ptr, gamma_ptr, dscale_ptr, dgamma_ptr, base + own[:, None] + (-steps * n)[None, :],
-                (own < n)[:, None] & valid[None, :], dc, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+    gate_at = base + own[:, None] + (-steps * n)[None, :]
+    gate_live = (own < n)[:, None] & valid[None, :]
+    scale, gamma = _load_gates(scale_ptr, gamma_ptr, gate_at, gate_live, HAS_SCALE, HAS_DECAY, WT)
+    _gate_grads(dscale_ptr, dgamma_ptr, scale, gamma, gate_at, gate_live, dc, HAS_SCALE, HAS_DECAY, WT)
     g_l = lam_l * factor
     g_h = lam_h * factor
     tl.store(dtheta_ptr + theta_at, (g_h * y_l - g_l * y_h).to(dtheta_ptr.dtype.element_ty), mask=step)
