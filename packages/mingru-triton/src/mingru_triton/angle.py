@@ -295,8 +295,8 @@ def _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lanes, K: tl.constexpr, R: tl.const
 @triton.jit
 def _step_angles(theta_ptr, at, angles, mask, HALF: tl.constexpr, R: tl.constexpr):
     """A step's angles, one tile per layer r at ``at + r HALF + angles[r]`` (broadcast against each other and
-    ``mask``; a tuple of R): loaded together
-    before any is used, since :func:`sincos`'s exact path is a branch that a load after it waits behind."""
+    ``mask``; a tuple of R), loaded together before any is used: :func:`sincos`'s exact path is a branch,
+    and a load written after it is issued after it."""
     loaded = ()
     for r in tl.static_range(R):
         th = tl.load(theta_ptr + at + r * HALF + angles[r], mask=mask, other=0.0)
