@@ -225,6 +225,10 @@ class TestInterpreted:
         assert _strategy(8, 4096, 16, 64, 1, cpu) == ("chunked", 64)
         assert _strategy(8, 4096, 16, 64, 2, cpu)[0] == "sequential"  # k > 32 with R > 1
         assert _strategy(8, 4096, 16, 64, 2, cpu, 2) == ("chunked", 64)  # 2-byte inputs
+        assert _strategy(8, 4096, 16, 64, 2, cpu, 2, adjoint=True) == ("chunked", 64)
+        assert _strategy(8, 4096, 16, 64, 4, cpu, 2)[0] == "sequential"  # 2-byte forward with R >= 4
+        assert _strategy(8, 4096, 16, 64, 4, cpu, 2, adjoint=True) == ("chunked", 64)
+        assert _strategy(8, 4096, 16, 32, 4, cpu, 2) == ("chunked", 64)  # k <= 32
         assert _strategy(8, 4096, 16, 66, 1, cpu)[0] == "sequential"  # k > MAX_CHUNKED_K
         assert _strategy(1, 1 << 16, 4, 16, 1, cpu) == ("chunked", 256)  # isqrt(T): 256 chunks of 256
         assert _strategy(132, 4096, 16, 16, 1, cpu)[0] == "sequential"  # 16 rows per SM
@@ -373,6 +377,15 @@ class TestInterpreted:
             plan = _plan(batch, steps, heads, k, 1, torch.device("cpu"))
             assert plan.strategy == "lookback" and plan.chunk == angle.LOOKBACK_BLOCK_T
             check_against_reference(inputs, layout_for(kind, k, 1, seed=steps), has_scale, has_decay)
+
+    def test_sequential_forward_chunked_adjoint(self) -> None:
+        """2-byte inputs at k > 32 with R >= 4: the default plan runs the forward sequentially and the adjoint
+        chunked, in one call to the reference."""
+        cpu = torch.device("cpu")
+        assert _plan(1, 128, 1, 34, 4, cpu, 2).strategy == "sequential"
+        assert _plan(1, 128, 1, 34, 4, cpu, 2, adjoint=True).strategy == "chunked"
+        inputs = make_inputs(1, 128, 1, 34, 4, torch.bfloat16, cpu, seed=20)
+        check_against_reference(inputs, layout_for("random", 34, 4, seed=9), 1, 1)
 
     def test_lookback_bf16_fp64_and_strided(self) -> None:
         inputs = make_inputs(1, 41, 2, 8, 1, torch.bfloat16, torch.device("cpu"), seed=15)
@@ -618,6 +631,17 @@ class TestCuda:
                 assert torch.equal(angle_scan_fwd(*inputs, *layout, 1, 1), first)
                 again = angle_scan_bwd(*inputs, first, grad, *layout, 1, 1)
                 assert all(torch.equal(g, w) for g, w in zip(again, grads, strict=True))
+
+    @pytest.mark.parametrize("layers", [2, 4])
+    def test_bf16_wide_default_plan(self, layers: int) -> None:
+        """bfloat16 at k = 64: R = 2 chunked both ways, R = 4 a sequential forward and a chunked adjoint."""
+        cuda = torch.device("cuda")
+        forward = _plan(2, 512, 4, 64, layers, cuda, 2).strategy
+        assert forward == ("sequential" if layers >= 4 else "chunked")
+        assert _plan(2, 512, 4, 64, layers, cuda, 2, adjoint=True).strategy == "chunked"
+        check_against_reference(
+            cuda_inputs(2, 512, 4, 64, layers, torch.bfloat16), random_layout(64, layers, 5), 1, 1
+        )
 
     def test_lookback_gradcheck_fp64(self) -> None:
         inputs = cuda_inputs(2, 40, 3, 6, 1, torch.float64)

@@ -58,6 +58,11 @@ MAX_K = 128
 MAX_LAYERS = 16
 MAX_CHUNKED_K = 64
 """Largest k the chunked strategy takes on its own: its k x k summaries were measured up to k = 64."""
+SEQUENTIAL_FORWARD_LAYERS = 4
+"""From this many rotation layers on, the forward with 2-byte inputs at 32 < k <= :data:`MAX_CHUNKED_K` runs
+sequentially (its adjoint stays chunked): the chunk summaries' work grows with R. On an H100 at (8, 4096, 16,
+64, R) in bfloat16 (CUDA graph replay), the sequential forward took 4.50 against 5.89 ms for R = 4 and 3.68
+against 3.20 ms for R = 2; the sequential adjoint was slower at both (R = 4: 7.65 against 6.14 ms)."""
 STRATEGIES = ("sequential", "chunked", "lookback")
 _FORCED: list[str] = []
 CARRY_STAGES = 3
@@ -159,20 +164,30 @@ def _summary_tile(heads: int, k: int, layers: int) -> tuple[int, int, int]:
 
 
 def _strategy(
-    batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, itemsize: int = 4
+    batch: int,
+    steps: int,
+    heads: int,
+    k: int,
+    layers: int,
+    device: torch.device,
+    itemsize: int = 4,
+    adjoint: bool = False,
 ) -> tuple[str, int]:
-    """(strategy, chunk length). A step waits on the one before it, so a program's time is its step count
-    times a step's latency, and the GPU fills only with many programs per SM. Chunked, with chunks of
-    max(64, isqrt(T)) steps, unless the (batch, head) rows alone give >= 16 programs per SM, T < 2 chunks,
-    k > :data:`MAX_CHUNKED_K`, or k > 32 with R > 1 and inputs of 4 or more bytes (``itemsize``).
+    """(strategy, chunk length) of the forward, or with ``adjoint`` of the adjoint (each call plans its
+    own). A step waits on the one before it, so a program's time is its step count times a step's latency,
+    and the GPU fills only with many programs per SM. Chunked, with chunks of max(64, isqrt(T)) steps, unless
+    the (batch, head) rows alone give >= 16 programs per SM, T < 2 chunks, k > :data:`MAX_CHUNKED_K`, or
+    k > 32 with R > 1 and inputs of 4 or more bytes (``itemsize``), or, for the forward alone, k > 32 with
+    R >= :data:`SEQUENTIAL_FORWARD_LAYERS` and 2-byte inputs.
 
     Of chunks of 32, 64 and 128 steps, 64 was within 2% of the fastest for every k in {8, 16, 32, 64} and R in
     {1, 2, 4} at (B, T, n) = (8, 4096, 16) on an H200. The chunk summaries do k times the work of the
     vector path: at k = 64 and R in {2, 4} the (pipelined) sequential strategy ran 1.2x-1.8x faster there; at
     k = 64, R = 1 it was 1.06x faster forward but 1.23x slower forward + backward, and at k <= 32 2.4x-11x
     slower. Its pipelining needs asynchronous copies, which 2-byte loads do not get: in bfloat16 at k = 64 it
-    ran 1.4x-1.7x slower than chunked, so 2-byte inputs stay chunked. The isqrt(T) floor keeps phase 2 (one
-    step per chunk) no longer than a chunk.
+    ran 1.4x-1.7x slower than chunked, so 2-byte inputs stay chunked, but for the forward at R >= 4 (see
+    :data:`SEQUENTIAL_FORWARD_LAYERS`). The isqrt(T) floor keeps phase 2 (one step per chunk) no longer than
+    a chunk.
 
     "lookback" (the single pass of R = 1, forward and adjoint; chunk = its tile's steps) runs only where
     forced: on an H100 at (8, 4096, 16) its best tile took 1.8x-2.3x the chunked pair kernels' time at k = 8
@@ -187,7 +202,8 @@ def _strategy(
         return "chunked", max(1, min(chunk, cdiv(steps, 3))) if steps > 1 else 1
     if forced == "sequential":
         return "sequential", steps
-    chunkable = k <= 32 or (k <= MAX_CHUNKED_K and (layers <= 1 or itemsize < 4))
+    two_byte = itemsize < 4 and (adjoint or layers < SEQUENTIAL_FORWARD_LAYERS)
+    chunkable = k <= 32 or (k <= MAX_CHUNKED_K and (layers <= 1 or two_byte))
     if chunkable and rows < 16 * num_sms(device) and steps >= 2 * chunk:
         return "chunked", chunk
     return "sequential", steps
@@ -213,7 +229,14 @@ class _Plan(NamedTuple):
 
 
 def _plan(
-    batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, itemsize: int = 4
+    batch: int,
+    steps: int,
+    heads: int,
+    k: int,
+    layers: int,
+    device: torch.device,
+    itemsize: int = 4,
+    adjoint: bool = False,
 ) -> _Plan:
     """The strategy with its tiles and step loops. The chunked strategy's vector path takes
     :data:`CHUNK_TILE` state entries per program; its loops pipeline (3 stages) for k <= 16, k * R >= 64 or
@@ -229,9 +252,10 @@ def _plan(
     summaries with the vector path (k = 8 to 64, float32 and bfloat16, fwd and fwd+bwd); chunks of 32 steps
     were 1.3x-1.4x faster than 64 in bfloat16 at k <= 16, 1.04x-1.15x slower at k >= 32 and in float32.
 
-    The single pass ("lookback", R = 1 only: a ValueError otherwise) takes :func:`_lookback_tile`'s tile in
+    ``adjoint`` plans the adjoint (:func:`_strategy`). The single pass ("lookback", R = 1 only: a ValueError
+    otherwise) takes :func:`_lookback_tile`'s tile in
     ``block_h`` and ``pairs``."""
-    strategy, chunk = _strategy(batch, steps, heads, k, layers, device, itemsize)
+    strategy, chunk = _strategy(batch, steps, heads, k, layers, device, itemsize, adjoint)
     if strategy == "lookback":
         if layers != 1:
             raise ValueError(f"the lookback strategy runs one rotation layer only (R = 1), got R={layers}")
@@ -1533,7 +1557,7 @@ def _backward(
     dgamma = torch.zeros_like(gamma)
     db = torch.empty_like(out)
     dh0 = torch.empty_like(h0)
-    plan = _plan(batch, steps, heads, k, meta["R"], out.device, out.element_size())
+    plan = _plan(batch, steps, heads, k, meta["R"], out.device, out.element_size(), adjoint=True)
     if plan.strategy == "lookback":
         args = (theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p, dtheta, dscale, dgamma, db, dh0)
         _lookback(_pair_lookback_bwd_kernel, plan, out, args, flags)
