@@ -61,8 +61,11 @@ MAX_CHUNKED_K = 64
 SEQUENTIAL_FORWARD_LAYERS = 4
 """From this many rotation layers on, the forward with 2-byte inputs at 32 < k <= :data:`MAX_CHUNKED_K` runs
 sequentially (its adjoint stays chunked): the chunk summaries' work grows with R. On an H100 at (8, 4096, 16,
-64, R) in bfloat16 (CUDA graph replay), the sequential forward took 4.50 against 5.89 ms for R = 4 and 3.68
-against 3.20 ms for R = 2; the sequential adjoint was slower at both (R = 4: 7.65 against 6.14 ms)."""
+64, R) in bfloat16 (CUDA graph replay), the sequential forward took 3.68 against 3.20 ms chunked for R = 2,
+3.89 against 4.53 for R = 3, 4.50 against 5.89 for R = 4 and 8.79 against 16.39 for R = 8; the sequential
+adjoint took 5.48 against 3.67 ms (R = 2), 6.30 against 5.00 (R = 3), 7.65 against 6.14 (R = 4), but 14.65
+against 17.35 at R = 8. R = 3 and 8 were timed after the CUDA tests of this rule ran (at 4), so the rule
+does not take them yet."""
 STRATEGIES = ("sequential", "chunked", "lookback")
 _FORCED: list[str] = []
 CARRY_STAGES = 3
