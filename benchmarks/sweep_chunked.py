@@ -144,16 +144,10 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
     own_plan = angle._plan
 
     def plan(
-        batch: int,
-        steps: int,
-        heads: int,
-        k: int,
-        layers: int,
-        device: torch.device,
-        itemsize: int = 4,
-        adjoint: bool = False,
+        batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, *rest: Any, **kw: Any
     ) -> Any:
-        """The settings' plan, forward and adjoint alike."""
+        """The settings' plan, forward and adjoint alike; ``rest`` and ``kw`` (the op's further plan
+        arguments: itemsize, adjoint) reach the op's own plan untouched."""
         if "lookback" in settings:
             if layers != 1:
                 raise ValueError(f"the single pass takes R = 1, got R={layers}")
@@ -162,7 +156,7 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
         block_h = min(next_pow2(heads), max(1, settings["tile"] // next_pow2(k)))
         chunk = min(settings["chunk"], max(1, steps))
         summary = settings["summary"] or angle._summary_tile(heads, k, layers)
-        own = own_plan(batch, steps, heads, k, layers, device, itemsize, adjoint)
+        own = own_plan(batch, steps, heads, k, layers, device, *rest, **kw)
         pairs = settings["pairs"]
         if pairs == "own":
             pairs = own.pairs
