@@ -147,7 +147,7 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
         batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, *rest: Any, **kw: Any
     ) -> Any:
         """The settings' plan, forward and adjoint alike; ``rest`` and ``kw`` (the op's further plan
-        arguments: itemsize, adjoint) reach the op's own plan untouched."""
+        arguments: the itemsize) reach the op's own plan untouched."""
         if "lookback" in settings:
             if layers != 1:
                 raise ValueError(f"the single pass takes R = 1, got R={layers}")

@@ -224,11 +224,7 @@ class TestInterpreted:
         assert _strategy(8, 4096, 16, 32, 4, cpu) == ("chunked", 64)
         assert _strategy(8, 4096, 16, 64, 1, cpu) == ("chunked", 64)
         assert _strategy(8, 4096, 16, 64, 2, cpu)[0] == "sequential"  # k > 32 with R > 1
-        assert _strategy(8, 4096, 16, 64, 2, cpu, 2) == ("chunked", 64)  # 2-byte inputs
-        assert _strategy(8, 4096, 16, 64, 2, cpu, 2, adjoint=True) == ("chunked", 64)
-        assert _strategy(8, 4096, 16, 64, 4, cpu, 2)[0] == "sequential"  # 2-byte forward with R >= 4
-        assert _strategy(8, 4096, 16, 64, 4, cpu, 2, adjoint=True) == ("chunked", 64)
-        assert _strategy(8, 4096, 16, 32, 4, cpu, 2) == ("chunked", 64)  # k <= 32
+        assert _strategy(8, 4096, 16, 34, 8, cpu)[0] == "sequential"
         assert _strategy(8, 4096, 16, 66, 1, cpu)[0] == "sequential"  # k > MAX_CHUNKED_K
         assert _strategy(1, 1 << 16, 4, 16, 1, cpu) == ("chunked", 256)  # isqrt(T): 256 chunks of 256
         assert _strategy(132, 4096, 16, 16, 1, cpu)[0] == "sequential"  # 16 rows per SM
@@ -239,27 +235,29 @@ class TestInterpreted:
     def test_plan(self, monkeypatch: pytest.MonkeyPatch) -> None:
         cpu = torch.device("cpu")
         # (strategy, chunk, vector-path heads, stages, unroll, (summary heads, columns, warps),
-        #  (pair-summary heads, warps) for R = 1, steps per pair-loop iteration)
-        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 3, 2, (4, 8, 1), (8, 1), 4)  # k <= 16
-        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), (2, 1), 4)  # pairs
+        #  (pair-summary heads, warps) for R = 1, steps per pair-loop iteration, steps loaded ahead)
+        assert _plan(8, 4096, 16, 8, 1, cpu) == ("chunked", 64, 4, 3, 2, (4, 8, 1), (8, 1), 4, 0)  # k <= 16
+        assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), (2, 1), 4, 0)  # pairs
         with monkeypatch.context() as patched:  # the vector path at k * R < 64: one stage
             patched.setattr(angle, "PAIR_SUMMARIES", False)
-            assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1), None, 1)
-        assert _plan(8, 4096, 16, 32, 2, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), None, 1)
-        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 3, 2, (2, 16, 1), None, 1)
-        assert _plan(8, 4096, 1, 16, 4, cpu) == ("chunked", 64, 1, 3, 2, (1, 16, 1), None, 1)  # only one head
-        assert _plan(8, 4096, 16, 64, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 64, 2), (1, 1), 4)
-        sequential = ("sequential", 4096, 1, 3, 1, (1, 1, 1), None, 1)
+            assert _plan(8, 4096, 16, 32, 1, cpu) == ("chunked", 64, 1, 1, 1, (1, 32, 1), None, 1, 0)
+        assert _plan(8, 4096, 16, 32, 2, cpu) == ("chunked", 64, 1, 3, 1, (1, 32, 1), None, 1, 0)
+        assert _plan(8, 4096, 16, 16, 4, cpu) == ("chunked", 64, 2, 3, 2, (2, 16, 1), None, 1, 0)
+        one_head = ("chunked", 64, 1, 3, 2, (1, 16, 1), None, 1, 0)
+        assert _plan(8, 4096, 1, 16, 4, cpu) == one_head  # only one head
+        assert _plan(8, 4096, 16, 64, 1, cpu) == ("chunked", 64, 1, 3, 1, (1, 64, 2), (1, 1), 4, 0)
+        sequential = ("sequential", 4096, 1, 3, 1, (1, 1, 1), None, 1, 0)
         assert _plan(8, 4096, 16, 64, 2, cpu) == sequential  # pipelined
+        assert _plan(8, 4096, 16, 64, 2, cpu, 2) == (*sequential[:-1], 2)  # 2-byte loads two steps ahead
         # pair kernels with 2-byte inputs: half the chunk length up to k = 16
-        assert _plan(8, 4096, 16, 16, 1, cpu, 2) == ("chunked", 32, 2, 3, 2, (2, 16, 1), (4, 1), 4)
+        assert _plan(8, 4096, 16, 16, 1, cpu, 2) == ("chunked", 32, 2, 3, 2, (2, 16, 1), (4, 1), 4, 0)
         assert _plan(8, 4096, 16, 32, 1, cpu, 2).chunk == 64
         assert _plan(8, 4096, 16, 16, 2, cpu, 2).chunk == 64
         with force_strategy("chunked"):
             assert _strategy(64, 1 << 16, 16, 64, 4, cpu)[0] == "chunked"
         # the single pass: the pair kernels' heads, a warp per 256 (step, pair) entries of a 16-step tile
         with force_strategy("lookback"):
-            assert _plan(8, 4096, 16, 8, 1, cpu) == ("lookback", 16, 8, 1, 1, (1, 1, 1), (8, 2), 1)
+            assert _plan(8, 4096, 16, 8, 1, cpu) == ("lookback", 16, 8, 1, 1, (1, 1, 1), (8, 2), 1, 0)
             assert _plan(8, 4096, 16, 128, 1, cpu).pairs == (1, 4)
             assert _plan(1, 7, 3, 2, 1, cpu).pairs == (4, 1)
         with pytest.raises(ValueError, match="strategy must be one of"), force_strategy("parallel"):
@@ -378,14 +376,31 @@ class TestInterpreted:
             assert plan.strategy == "lookback" and plan.chunk == angle.LOOKBACK_BLOCK_T
             check_against_reference(inputs, layout_for(kind, k, 1, seed=steps), has_scale, has_decay)
 
-    def test_sequential_forward_chunked_adjoint(self) -> None:
-        """2-byte inputs at k > 32 with R >= 4: the default plan runs the forward sequentially and the adjoint
-        chunked, in one call to the reference."""
+    def test_sequential_prefetch_default(self) -> None:
+        """The sequential plan loads SEQUENTIAL_PREFETCH steps ahead for 2-byte inputs only; the chunked
+        plan never does."""
         cpu = torch.device("cpu")
-        assert _plan(1, 128, 1, 34, 4, cpu, 2).strategy == "sequential"
-        assert _plan(1, 128, 1, 34, 4, cpu, 2, adjoint=True).strategy == "chunked"
-        inputs = make_inputs(1, 128, 1, 34, 4, torch.bfloat16, cpu, seed=20)
-        check_against_reference(inputs, layout_for("random", 34, 4, seed=9), 1, 1)
+        bf16 = _plan(1, 128, 1, 34, 2, cpu, 2)
+        assert bf16.strategy == "sequential" and bf16.prefetch == angle.SEQUENTIAL_PREFETCH == 2
+        assert _plan(1, 128, 1, 34, 2, cpu, 4).prefetch == 0
+        assert _plan(1, 128, 1, 16, 2, cpu, 2)[:2] == ("chunked", 64)
+        assert _plan(1, 128, 1, 16, 2, cpu, 2).prefetch == 0
+        inputs = make_inputs(1, 70, 1, 34, 2, torch.bfloat16, cpu, seed=20)
+        check_against_reference(inputs, layout_for("random", 34, 2, seed=9), 1, 1)
+
+    @pytest.mark.parametrize("prefetch", [0, 1, 2])
+    @pytest.mark.parametrize(("steps", "has_scale", "has_decay"), [(1, 1, 1), (2, 0, 1), (37, 1, 0)])
+    def test_sequential_prefetch(
+        self, monkeypatch: pytest.MonkeyPatch, prefetch: int, steps: int, has_scale: int, has_decay: int
+    ) -> None:
+        """The sequential vector path with its loads 0, 1 or 2 steps ahead, forward and adjoint, T down to
+        below the distance (the loads past either end masked)."""
+        monkeypatch.setattr(angle, "SEQUENTIAL_PREFETCH", prefetch)
+        cpu = torch.device("cpu")
+        with force_strategy("sequential"):
+            assert _plan(2, steps, 3, 6, 2, cpu, 2).prefetch == prefetch
+            inputs = make_inputs(2, steps, 3, 6, 2, torch.bfloat16, cpu, seed=30 + steps)
+            check_against_reference(inputs, layout_for("random", 6, 2, seed=3), has_scale, has_decay)
 
     def test_lookback_bf16_fp64_and_strided(self) -> None:
         inputs = make_inputs(1, 41, 2, 8, 1, torch.bfloat16, torch.device("cpu"), seed=15)
@@ -634,11 +649,9 @@ class TestCuda:
 
     @pytest.mark.parametrize("layers", [2, 4])
     def test_bf16_wide_default_plan(self, layers: int) -> None:
-        """bfloat16 at k = 64: R = 2 chunked both ways, R = 4 a sequential forward and a chunked adjoint."""
-        cuda = torch.device("cuda")
-        forward = _plan(2, 512, 4, 64, layers, cuda, 2).strategy
-        assert forward == ("sequential" if layers >= 4 else "chunked")
-        assert _plan(2, 512, 4, 64, layers, cuda, 2, adjoint=True).strategy == "chunked"
+        """bfloat16 at k = 64, R > 1: sequential with the loads two steps ahead, forward and adjoint."""
+        plan = _plan(2, 512, 4, 64, layers, torch.device("cuda"), 2)
+        assert plan.strategy == "sequential" and plan.prefetch == 2
         check_against_reference(
             cuda_inputs(2, 512, 4, 64, layers, torch.bfloat16), random_layout(64, layers, 5), 1, 1
         )

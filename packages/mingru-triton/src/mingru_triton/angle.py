@@ -58,14 +58,14 @@ MAX_K = 128
 MAX_LAYERS = 16
 MAX_CHUNKED_K = 64
 """Largest k the chunked strategy takes on its own: its k x k summaries were measured up to k = 64."""
-SEQUENTIAL_FORWARD_LAYERS = 4
-"""From this many rotation layers on, the forward with 2-byte inputs at 32 < k <= :data:`MAX_CHUNKED_K` runs
-sequentially (its adjoint stays chunked): the chunk summaries' work grows with R. On an H100 at (8, 4096, 16,
-64, R) in bfloat16 (CUDA graph replay), the sequential forward took 3.68 against 3.20 ms chunked for R = 2,
-3.89 against 4.53 for R = 3, 4.50 against 5.89 for R = 4 and 8.79 against 16.39 for R = 8; the sequential
-adjoint took 5.48 against 3.67 ms (R = 2), 6.30 against 5.00 (R = 3), 7.65 against 6.14 (R = 4), but 14.65
-against 17.35 at R = 8. R = 3 and 8 were timed after the CUDA tests of this rule ran (at 4), so the rule
-does not take them yet."""
+SEQUENTIAL_PREFETCH = 2
+"""Steps ahead that the sequential strategy's vector path (:func:`_fwd_kernel`, :func:`_bwd_kernel`) loads
+a step's inputs into registers for 2-byte inputs, whose loads get no asynchronous copies from the pipelined
+loop; 4-byte inputs keep the loop's copies (0). On an H100 at (8, 4096, 16, 64, R) in bfloat16 (CUDA graph
+replay) the sequential forward took 2.04 / 2.08 / 3.98 ms for R = 2 / 4 / 8 against 3.54 / 4.35 / 9.19 ms
+without (one step ahead: 2.03 / 2.47 / 4.46), forward + backward 5.46 / 7.76 / 14.75 against 8.71 / 11.95
+/ 23.31 ms. float32 lost with it (R = 2: 2.42 against 1.46 ms forward) and so did the chunked replays
+(bfloat16, k = 16, R = 2: 0.171 against 0.162 ms forward), which keep their loads in the step."""
 STRATEGIES = ("sequential", "chunked", "lookback")
 _FORCED: list[str] = []
 CARRY_STAGES = 3
@@ -167,30 +167,21 @@ def _summary_tile(heads: int, k: int, layers: int) -> tuple[int, int, int]:
 
 
 def _strategy(
-    batch: int,
-    steps: int,
-    heads: int,
-    k: int,
-    layers: int,
-    device: torch.device,
-    itemsize: int = 4,
-    adjoint: bool = False,
+    batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device
 ) -> tuple[str, int]:
-    """(strategy, chunk length) of the forward, or with ``adjoint`` of the adjoint (each call plans its
-    own). A step waits on the one before it, so a program's time is its step count times a step's latency,
-    and the GPU fills only with many programs per SM. Chunked, with chunks of max(64, isqrt(T)) steps, unless
-    the (batch, head) rows alone give >= 16 programs per SM, T < 2 chunks, k > :data:`MAX_CHUNKED_K`, or
-    k > 32 with R > 1 and inputs of 4 or more bytes (``itemsize``), or, for the forward alone, k > 32 with
-    R >= :data:`SEQUENTIAL_FORWARD_LAYERS` and 2-byte inputs.
+    """(strategy, chunk length). A step waits on the one before it, so a program's time is its step count
+    times a step's latency, and the GPU fills only with many programs per SM. Chunked, with chunks of
+    max(64, isqrt(T)) steps, unless the (batch, head) rows alone give >= 16 programs per SM, T < 2 chunks,
+    k > :data:`MAX_CHUNKED_K`, or k > 32 with R > 1.
 
     Of chunks of 32, 64 and 128 steps, 64 was within 2% of the fastest for every k in {8, 16, 32, 64} and R in
     {1, 2, 4} at (B, T, n) = (8, 4096, 16) on an H200. The chunk summaries do k times the work of the
-    vector path: at k = 64 and R in {2, 4} the (pipelined) sequential strategy ran 1.2x-1.8x faster there; at
-    k = 64, R = 1 it was 1.06x faster forward but 1.23x slower forward + backward, and at k <= 32 2.4x-11x
-    slower. Its pipelining needs asynchronous copies, which 2-byte loads do not get: in bfloat16 at k = 64 it
-    ran 1.4x-1.7x slower than chunked, so 2-byte inputs stay chunked, but for the forward at R >= 4 (see
-    :data:`SEQUENTIAL_FORWARD_LAYERS`). The isqrt(T) floor keeps phase 2 (one step per chunk) no longer than
-    a chunk.
+    vector path: at k = 64 and R in {2, 4} the (pipelined) sequential strategy ran 1.2x-1.8x faster there in
+    float32; at k = 64, R = 1 it was 1.06x faster forward but 1.23x slower forward + backward, and at
+    k <= 32 2.4x-11x slower. In bfloat16, with its loads :data:`SEQUENTIAL_PREFETCH` steps ahead, it ran on
+    an H100 at k = 64 1.56x / 2.83x / 4.07x faster forward than chunked for R = 2 / 4 / 8 and 1.25x / 1.54x
+    / 2.24x forward + backward (at k = 16, R = 2 11x slower). The isqrt(T) floor keeps phase 2 (one step per
+    chunk) no longer than a chunk.
 
     "lookback" (the single pass of R = 1, forward and adjoint; chunk = its tile's steps) runs only where
     forced: on an H100 at (8, 4096, 16) its best tile took 1.8x-2.3x the chunked pair kernels' time at k = 8
@@ -205,8 +196,7 @@ def _strategy(
         return "chunked", max(1, min(chunk, cdiv(steps, 3))) if steps > 1 else 1
     if forced == "sequential":
         return "sequential", steps
-    two_byte = itemsize < 4 and (adjoint or layers < SEQUENTIAL_FORWARD_LAYERS)
-    chunkable = k <= 32 or (k <= MAX_CHUNKED_K and (layers <= 1 or two_byte))
+    chunkable = k <= 32 or (k <= MAX_CHUNKED_K and layers <= 1)
     if chunkable and rows < 16 * num_sms(device) and steps >= 2 * chunk:
         return "chunked", chunk
     return "sequential", steps
@@ -229,6 +219,8 @@ class _Plan(NamedTuple):
     rows: int = 1
     """Steps per iteration of the pair summaries', carries' and forward replays' loops (:data:`PAIR_ROWS`;
     they unroll by 1); 1 where there are none."""
+    prefetch: int = 0
+    """Steps ahead that the vector path loads its inputs into registers (:data:`SEQUENTIAL_PREFETCH`)."""
 
 
 def _plan(
@@ -239,7 +231,6 @@ def _plan(
     layers: int,
     device: torch.device,
     itemsize: int = 4,
-    adjoint: bool = False,
 ) -> _Plan:
     """The strategy with its tiles and step loops. The chunked strategy's vector path takes
     :data:`CHUNK_TILE` state entries per program; its loops pipeline (3 stages) for k <= 16, k * R >= 64 or
@@ -248,24 +239,24 @@ def _plan(
     vector path was 1.25x slower with it, but the pair kernels that serve R = 1 since were faster (float32
     0.140 against 0.160 ms forward, 0.335 against 0.356 ms forward + backward; bfloat16 level). The
     sequential strategy pipelines its loop (3 stages: 2.4x-3.4x faster than without at those
-    shapes).
+    shapes), and for 2-byte inputs loads :data:`SEQUENTIAL_PREFETCH` steps ahead.
 
     R = 1 runs the pair kernels (:data:`PAIR_SUMMARIES`, tile :func:`_pair_tile`), with half the chunk length
     for 2-byte inputs at k <= 16. On an H200 at (8, 4096, 16, k, 1) they ran 1.3x-5.8x faster than the dense
     summaries with the vector path (k = 8 to 64, float32 and bfloat16, fwd and fwd+bwd); chunks of 32 steps
     were 1.3x-1.4x faster than 64 in bfloat16 at k <= 16, 1.04x-1.15x slower at k >= 32 and in float32.
 
-    ``adjoint`` plans the adjoint (:func:`_strategy`). The single pass ("lookback", R = 1 only: a ValueError
-    otherwise) takes :func:`_lookback_tile`'s tile in
+    The single pass ("lookback", R = 1 only: a ValueError otherwise) takes :func:`_lookback_tile`'s tile in
     ``block_h`` and ``pairs``."""
-    strategy, chunk = _strategy(batch, steps, heads, k, layers, device, itemsize, adjoint)
+    strategy, chunk = _strategy(batch, steps, heads, k, layers, device)
     if strategy == "lookback":
         if layers != 1:
             raise ValueError(f"the lookback strategy runs one rotation layer only (R = 1), got R={layers}")
         block_h, warps = _lookback_tile(heads, k)
         return _Plan(strategy, chunk, block_h, 1, 1, pairs=(block_h, warps))
     if strategy == "sequential":
-        return _Plan(strategy, chunk, _block_heads(batch, heads, k, num_sms(device)), 3, 1)
+        prefetch = SEQUENTIAL_PREFETCH if itemsize < 4 else 0
+        return _Plan(strategy, chunk, _block_heads(batch, heads, k, num_sms(device)), 3, 1, prefetch=prefetch)
     small = next_pow2(k) <= 16
     pairs = _pair_tile(heads, k) if layers == 1 and PAIR_SUMMARIES else None
     stages = 3 if small or k * layers >= 64 or pairs is not None else 1
@@ -332,12 +323,30 @@ def _step_angles(theta_ptr, at, angles, mask, HALF: tl.constexpr, R: tl.constexp
 
 
 @triton.jit
+def _fwd_step_inputs(
+    theta_ptr, scale_ptr, gamma_ptr, b_ptr, bi, t, T, n, heads, hmask, lanes, kmask, angles,
+    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr,
+    WT: tl.constexpr,
+):  # fmt: skip
+    """Step t's loads for (BLOCK_H heads, BLOCK_K lanes) of the vector path, each in its input's dtype (a
+    conversion next to its load would wait on it): (the R angle tiles, scale, gamma, b); masked past T,
+    gates 1 where absent."""
+    live = hmask & (heads * 0 + t < T)
+    tmask = live[:, None] & kmask[None, :]
+    row = (bi * T + t) * n + heads
+    angles_t = _step_angles(theta_ptr, (row * R * HALF)[:, None], angles, tmask, HALF, R)
+    scale, gamma = _gate_loads(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
+    add = tl.load(b_ptr + row[:, None] * K + lanes[None, :], mask=tmask, other=0.0)
+    return angles_t, scale, gamma, add
+
+
+@triton.jit
 def _fwd_kernel(
     theta_ptr, scale_ptr, gamma_ptr, b_ptr, init_ptr, perm_ptr, sgn_ptr, p2p_ptr, out_ptr,
     T, n, n_hblocks, NC, CHUNK,
     K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
-    STAGES: tl.constexpr, UNROLL: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """Vector path over steps [c*CHUNK, min(T, (c+1)*CHUNK)) of a (batch, head block) from the carry-in
     init (B, NC, n, k) (h0 itself when NC == 1); writes h to out."""
@@ -354,42 +363,69 @@ def _fwd_kernel(
     mask = hmask[:, None] & kmask[None, :]
     x = tl.load(init_ptr + ((bi * NC + c) * n + heads)[:, None] * K + lanes[None, :], mask=mask).to(WT)
     partners, angles, signs, sides = _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lanes, K, R, WT)
+    start = c * CHUNK
+    if PREFETCH >= 1:
+        ahead1 = _fwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, b_ptr, bi, start, T, n, heads, hmask,
+                                  lanes, kmask, angles, K, HALF, R, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+    if PREFETCH >= 2:
+        ahead2 = _fwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, b_ptr, bi, start + 1, T, n, heads, hmask,
+                                  lanes, kmask, angles, K, HALF, R, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        t = c * CHUNK + s
+        t = start + s
         live = hmask & (heads * 0 + t < T)
         tmask = live[:, None] & kmask[None, :]
-        row = (bi * T + t) * n + heads
-        offs = row[:, None] * K + lanes[None, :]
-        # the step's loads first (see :func:`_step_angles`)
-        angles_t = _step_angles(theta_ptr, (row * R * HALF)[:, None], angles, tmask, HALF, R)
-        scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
-        add = tl.load(b_ptr + offs, mask=tmask, other=0.0).to(WT)
+        offs = ((bi * T + t) * n + heads)[:, None] * K + lanes[None, :]
+        # the step's loads first (see :func:`_step_angles`), or PREFETCH steps ahead
+        if PREFETCH == 0:
+            angles_t, scale, gamma, add = _fwd_step_inputs(
+                theta_ptr, scale_ptr, gamma_ptr, b_ptr, bi, t, T, n, heads, hmask, lanes, kmask, angles,
+                K, HALF, R, HAS_SCALE, HAS_DECAY, WT,
+            )  # fmt: skip
+        elif PREFETCH == 1:
+            angles_t, scale, gamma, add = ahead1
+            ahead1 = _fwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, b_ptr, bi, t + 1, T, n, heads, hmask,
+                                      lanes, kmask, angles, K, HALF, R, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+        else:
+            angles_t, scale, gamma, add = ahead1
+            ahead1 = ahead2
+            ahead2 = _fwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, b_ptr, bi, t + 2, T, n, heads, hmask,
+                                      lanes, kmask, angles, K, HALF, R, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+        add = add.to(WT)
         for r in tl.static_range(R):
             sn, cs = sincos(angles_t[r].to(WT))
             xs = x * signs[r][None, :]
             idx = tl.broadcast_to(partners[r][None, :], (BLOCK_H, BLOCK_K))
             x = cs * xs + sides[r][None, :] * sn * tl.gather(xs, idx, 1)
         if HAS_SCALE:
-            x = x * scale[:, None]
+            x = x * scale.to(WT)[:, None]
         if HAS_DECAY:
-            x = x * gamma[:, None]
+            x = x * gamma.to(WT)[:, None]
         x = x + add
         tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=tmask)
+
+
+@triton.jit
+def _gate_loads(
+    scale_ptr, gamma_ptr, row, live, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr
+):  # fmt: skip
+    """(scale, gamma) at the offsets ``row`` of (head, step) entries in their input's dtype, 1 where a gate is
+    absent (in WT) or not ``live``."""
+    scale = tl.full(row.shape, 1.0, WT)
+    gamma = scale
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + row, mask=live, other=1.0)
+    if HAS_DECAY:
+        gamma = tl.load(gamma_ptr + row, mask=live, other=1.0)
+    return scale, gamma
 
 
 @triton.jit
 def _load_gates(
     scale_ptr, gamma_ptr, row, live, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr
 ):  # fmt: skip
-    """(scale, gamma) at the offsets ``row`` of (head, step) entries, 1 where a gate is absent or not
-    ``live``."""
-    scale = tl.full(row.shape, 1.0, tl.float32).to(WT)
-    gamma = scale
-    if HAS_SCALE:
-        scale = tl.load(scale_ptr + row, mask=live, other=1.0).to(WT)
-    if HAS_DECAY:
-        gamma = tl.load(gamma_ptr + row, mask=live, other=1.0).to(WT)
-    return scale, gamma
+    """:func:`_gate_loads` in WT."""
+    scale, gamma = _gate_loads(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
+    return scale.to(WT), gamma.to(WT)
 
 
 @triton.jit
@@ -416,13 +452,36 @@ def _gate_grads(
 
 
 @triton.jit
+def _bwd_step_inputs(
+    theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, t, T, n, heads, hmask, lanes, kmask,
+    state, angles,
+    K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr,
+    WT: tl.constexpr,
+):  # fmt: skip
+    """Step t's loads for the adjoint's vector path, each in its input's dtype (see
+    :func:`_fwd_step_inputs`): (the R angle tiles, scale, gamma, the output gradient, h_{t-1} (h0 at
+    t = 0)); masked outside [0, T)."""
+    live = hmask & (heads * 0 + t < T) & (heads * 0 + t >= 0)
+    tmask = live[:, None] & kmask[None, :]
+    row = (bi * T + t) * n + heads
+    offs = row[:, None] * K + lanes[None, :]
+    angles_t = _step_angles(theta_ptr, (row * R * HALF)[:, None], angles, tmask, HALF, R)
+    scale, gamma = _gate_loads(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
+    grad = tl.load(grad_ptr + offs, mask=tmask, other=0.0)
+    # one load of h_{t-1} from the output or h0 (same dtype): a sum of two would wait on both
+    first = (heads * 0 + t == 0)[:, None]
+    prev = tl.load(tl.where(first, h0_ptr + state, out_ptr + offs - n * K), mask=tmask, other=0.0)
+    return angles_t, scale, gamma, grad, prev
+
+
+@triton.jit
 def _bwd_kernel(
     theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, perm_ptr, sgn_ptr, p2p_ptr, carry_ptr,
     dtheta_ptr, dscale_ptr, dgamma_ptr, db_ptr, dh0_ptr,
     T, n, n_hblocks, NC, CHUNK,
     K: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, CARRY_IN: tl.constexpr, FP64: tl.constexpr,
-    STAGES: tl.constexpr, UNROLL: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """Adjoint over steps [c*CHUNK, min(T, (c+1)*CHUNK)) in reverse, from the carry (B, NC, n, k) holding
     A_{t+1}^T lam_{t+1} at the chunk's last step (zero when not CARRY_IN). lam_t = grad_t + carry,
@@ -446,21 +505,43 @@ def _bwd_kernel(
     else:
         carry = tl.zeros((BLOCK_H, BLOCK_K), dtype=tl.float32).to(WT)
     partners, angles, signs, sides = _layer_table(perm_ptr, sgn_ptr, p2p_ptr, lanes, K, R, WT)
+    last = c * CHUNK + CHUNK - 1
+    if PREFETCH >= 1:
+        ahead1 = _bwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, last, T, n,
+                                  heads, hmask, lanes, kmask, state, angles, K, HALF, R, HAS_SCALE, HAS_DECAY,
+                                  WT)  # fmt: skip
+    if PREFETCH >= 2:
+        ahead2 = _bwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, last - 1, T,
+                                  n, heads, hmask, lanes, kmask, state, angles, K, HALF, R, HAS_SCALE,
+                                  HAS_DECAY, WT)  # fmt: skip
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        t = c * CHUNK + CHUNK - 1 - s
+        t = last - s
         live = hmask & (heads * 0 + t < T)
         tmask = live[:, None] & kmask[None, :]
         row = (bi * T + t) * n + heads
         offs = row[:, None] * K + lanes[None, :]
         theta_base = (row * R * HALF)[:, None]
-        lam = carry + tl.load(grad_ptr + offs, mask=tmask, other=0.0).to(WT)
+        if PREFETCH == 0:
+            angles_t, scale, gamma, grad, prev = _bwd_step_inputs(
+                theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, t, T, n, heads, hmask, lanes,
+                kmask, state, angles, K, HALF, R, HAS_SCALE, HAS_DECAY, WT,
+            )  # fmt: skip
+        elif PREFETCH == 1:
+            angles_t, scale, gamma, grad, prev = ahead1
+            ahead1 = _bwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, t - 1,
+                                      T, n, heads, hmask, lanes, kmask, state, angles, K, HALF, R,
+                                      HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+        else:
+            angles_t, scale, gamma, grad, prev = ahead1
+            ahead1 = ahead2
+            ahead2 = _bwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, t - 2,
+                                      T, n, heads, hmask, lanes, kmask, state, angles, K, HALF, R,
+                                      HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+        scale = scale.to(WT)
+        gamma = gamma.to(WT)
+        lam = carry + grad.to(WT)
         tl.store(db_ptr + offs, lam.to(db_ptr.dtype.element_ty), mask=tmask)
-        first = (heads * 0 + t == 0)[:, None]
-        prev = tl.load(out_ptr + offs - n * K, mask=tmask & ~first, other=0.0).to(WT)
-        prev += tl.load(h0_ptr + state, mask=tmask & first, other=0.0).to(WT)
-        angles_t = _step_angles(theta_ptr, theta_base, angles, tmask, HALF, R)
-        scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
-        x = prev
+        x = prev.to(WT)
         # each layer's cos / sin, kept for the reverse sweep below
         cosines = ()
         sines = ()
@@ -1424,7 +1505,8 @@ def _replay(
         tile = {k: meta[k] for k in ("K", "HALF", "BLOCK_K", "FP64")}
         return pair, cdiv(heads, pair_h), {**tile, "BLOCK_H": pair_h, "num_warps": pair_warps}
     warps = _warps(plan.block_h * meta["BLOCK_K"])
-    return vector, cdiv(heads, plan.block_h), {**meta, "BLOCK_H": plan.block_h, "num_warps": warps}
+    tile = {**meta, "BLOCK_H": plan.block_h, "PREFETCH": plan.prefetch, "num_warps": warps}
+    return vector, cdiv(heads, plan.block_h), tile
 
 
 def _carries(
@@ -1560,7 +1642,7 @@ def _backward(
     dgamma = torch.zeros_like(gamma)
     db = torch.empty_like(out)
     dh0 = torch.empty_like(h0)
-    plan = _plan(batch, steps, heads, k, meta["R"], out.device, out.element_size(), adjoint=True)
+    plan = _plan(batch, steps, heads, k, meta["R"], out.device, out.element_size())
     if plan.strategy == "lookback":
         args = (theta, scale, gamma, h0, out, grad_out, perm, sgn, p2p, dtheta, dscale, dgamma, db, dh0)
         _lookback(_pair_lookback_bwd_kernel, plan, out, args, flags)
