@@ -249,8 +249,10 @@ class TestInterpreted:
         sequential = ("sequential", 4096, 1, 3, 1, (1, 1, 1), None, 1, 0)
         assert _plan(8, 4096, 16, 64, 2, cpu) == sequential  # pipelined
         assert _plan(8, 4096, 16, 64, 2, cpu, 2) == (*sequential[:-1], 2)  # 2-byte loads two steps ahead
-        # pair kernels with 2-byte inputs: half the chunk length up to k = 16
+        # pair kernels with 2-byte inputs: half the chunk length up to k = 16, loads a tile ahead up to k = 8
         assert _plan(8, 4096, 16, 16, 1, cpu, 2) == ("chunked", 32, 2, 3, 2, (2, 16, 1), (4, 1), 4, 0)
+        assert _plan(8, 4096, 16, 8, 1, cpu, 2) == ("chunked", 32, 4, 3, 2, (4, 8, 1), (8, 1), 4, 1)
+        assert _plan(8, 4096, 16, 8, 1, cpu, 4).prefetch == 0
         assert _plan(8, 4096, 16, 32, 1, cpu, 2).chunk == 64
         assert _plan(8, 4096, 16, 16, 2, cpu, 2).chunk == 64
         with force_strategy("chunked"):
@@ -401,6 +403,30 @@ class TestInterpreted:
             assert _plan(2, steps, 3, 6, 2, cpu, 2).prefetch == prefetch
             inputs = make_inputs(2, steps, 3, 6, 2, torch.bfloat16, cpu, seed=30 + steps)
             check_against_reference(inputs, layout_for("random", 6, 2, seed=3), has_scale, has_decay)
+
+    @pytest.mark.parametrize("prefetch", [0, 1])
+    @pytest.mark.parametrize(
+        ("steps", "k", "has_scale", "has_decay"), [(2, 6, 1, 1), (9, 8, 0, 1), (37, 6, 1, 0), (64, 8, 1, 1)]
+    )
+    def test_pair_prefetch(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        prefetch: int,
+        steps: int,
+        k: int,
+        has_scale: int,
+        has_decay: int,
+    ) -> None:
+        """The R = 1 pair kernels with 2-byte inputs, their loads a tile (a step for the adjoint) ahead or
+        not, forward and adjoint: chunks with whole tiles and a partial one, and with none whole."""
+        monkeypatch.setattr(angle, "PAIR_PREFETCH_MAX_K", 8 if prefetch else 0)
+        cpu = torch.device("cpu")
+        with force_strategy("chunked"):
+            plan = _plan(2, steps, 3, k, 1, cpu, 2)
+            assert plan.pairs is not None and plan.prefetch == prefetch
+            assert _plan(2, steps, 3, k, 1, cpu, 4).prefetch == 0
+            inputs = make_inputs(2, steps, 3, k, 1, torch.bfloat16, cpu, seed=40 + steps)
+            check_against_reference(inputs, layout_for("random", k, 1, seed=steps), has_scale, has_decay)
 
     def test_lookback_bf16_fp64_and_strided(self) -> None:
         inputs = make_inputs(1, 41, 2, 8, 1, torch.bfloat16, torch.device("cpu"), seed=15)

@@ -66,6 +66,15 @@ replay) the sequential forward took 2.04 / 2.08 / 3.98 ms for R = 2 / 4 / 8 agai
 without (one step ahead: 2.03 / 2.47 / 4.46), forward + backward 5.46 / 7.76 / 14.75 against 8.71 / 11.95
 / 23.31 ms. float32 lost with it (R = 2: 2.42 against 1.46 ms forward) and so did the chunked replays
 (bfloat16, k = 16, R = 2: 0.171 against 0.162 ms forward), which keep their loads in the step."""
+PAIR_PREFETCH_MAX_K = 8
+"""With 2-byte inputs at k up to this, the R = 1 pair summaries and forward replays load each whole tile of
+steps one tile ahead, and the adjoint replay each step one step ahead. On an H100 at (8, 4096, 16, k, 1) in
+bfloat16 (CUDA graph replay, two runs of each in turn, the same within 0.8%), with against without: k = 8
+forward 32.4 against 37.6 us, forward + backward 87.1 against 101.7; k = 16 70.8 against 60.8 and 165.7
+against 150.3; k = 32 116.9 against 98.5 and 291.5 against 271.0; k = 64 225.0 against 179.2 and 521.6
+against 523.3 (its adjoint alone faster, 296.6 against 344.1 us by difference; not taken: the plan does not
+tell the adjoint apart). k = 8 and 16 have the same tiles (32 pairs a program) and chunks; k = 8 has half
+the programs."""
 STRATEGIES = ("sequential", "chunked", "lookback")
 _FORCED: list[str] = []
 CARRY_STAGES = 3
@@ -266,7 +275,10 @@ def _plan(
         # 2-byte loads get no asynchronous copies: twice the programs hide their latency instead
         chunk = max(1, chunk // 2)
     rows = PAIR_ROWS if pairs is not None else 1
-    return _Plan(strategy, chunk, block_h, stages, unroll, _summary_tile(heads, k, layers), pairs, rows)
+    prefetch = int(pairs is not None and itemsize < 4 and k <= PAIR_PREFETCH_MAX_K)
+    return _Plan(
+        strategy, chunk, block_h, stages, unroll, _summary_tile(heads, k, layers), pairs, rows, prefetch
+    )
 
 
 def _pair_tile(heads: int, k: int) -> tuple[int, int]:
@@ -815,12 +827,65 @@ def _pair_step_maps(
 
 
 @triton.jit
+def _pair_tile_loads(
+    theta_ptr, scale_ptr, gamma_ptr, add_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid, alive, go,
+    HALF: tl.constexpr, K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """A pair tile's loads at row ``base`` (offsets of :func:`_pair_tile_offsets`), each in its input's dtype:
+    (theta, scale, gamma, add_lo, add_hi); for loading a tile ahead of its use. ``go`` (ROWS,) masks the
+    tile's steps on top of ``valid`` and ``alive``."""
+    valid = valid & go[None, None, :]
+    alive = alive & go[None, :]
+    th = tl.load(theta_ptr + base * HALF + th_rel, mask=valid, other=0.0)
+    scale, gamma = _gate_loads(scale_ptr, gamma_ptr, base + gate_rel, alive, HAS_SCALE, HAS_DECAY, WT)
+    add_l = tl.load(add_ptr + base * K + rel_l, mask=valid, other=0.0)
+    add_h = tl.load(add_ptr + base * K + rel_h, mask=valid, other=0.0)
+    return th, scale, gamma, add_l, add_h
+
+
+@triton.jit
+def _pair_ahead(
+    ahead, theta_ptr, scale_ptr, gamma_ptr, add_ptr, next_base, th_rel, gate_rel, rel_l, rel_h, valid, alive,
+    more, sign_lo, sign_hi,
+    HALF: tl.constexpr, K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr,
+    TRANSPOSE: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """A whole tile's step maps and adds (WT) from its loads ``ahead`` (:func:`_pair_tile_loads`), with the
+    next tile's loads at row ``next_base`` sent out first (masked by ``more`` where there is none):
+    (p00, p01, p10, p11, add_lo, add_hi, the next tile's loads)."""
+    th, scale, gamma, add_l, add_h = ahead
+    ahead = _pair_tile_loads(theta_ptr, scale_ptr, gamma_ptr, add_ptr, next_base, th_rel, gate_rel, rel_l,
+                             rel_h, valid, alive, more, HALF, K, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+    p00, p01, p10, p11 = _pair_loaded_maps(th, scale, gamma, valid, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY,
+                                           TRANSPOSE, WT)  # fmt: skip
+    return p00, p01, p10, p11, add_l.to(WT), add_h.to(WT), ahead
+
+
+@triton.jit
+def _pair_loaded_maps(
+    th, scale, gamma, valid, sign_lo, sign_hi,
+    HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, TRANSPOSE: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """:func:`_pair_step_maps` from a tile's loaded angles and gates (:func:`_pair_tile_loads`)."""
+    sn, cs = sincos(th.to(WT))
+    if HAS_SCALE or HAS_DECAY:
+        factor = scale.to(WT) * gamma.to(WT)
+        cs, sn = cs * factor[:, None, :], sn * factor[:, None, :]
+    s_lo = tl.where(valid, sign_lo[None, :, None], 1.0)
+    s_hi = tl.where(valid, sign_hi[None, :, None], 1.0)
+    if TRANSPOSE:
+        return cs * s_lo, sn * s_lo, -sn * s_hi, cs * s_hi
+    return cs * s_lo, -sn * s_hi, sn * s_lo, cs * s_hi
+
+
+@triton.jit
 def _pair_summary_kernel(
     theta_ptr, scale_ptr, gamma_ptr, add_ptr, perm_ptr, sgn_ptr, p2p_ptr, pairs_ptr,
     T, n, n_hblocks, NC, CHUNK, PLANE,
     K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, REVERSE: tl.constexpr, FP64: tl.constexpr,
     STAGES: tl.constexpr, UNROLL: tl.constexpr, ROWS: tl.constexpr, FOLD: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """Chunked phase 1 for R = 1, where a step only mixes the two entries of each pair (lo, hi): the chunk's
     matrix keeps the 2 x 2 pair blocks, one per thread, and a step is the block's 2 x 2 map (one cos / sin
@@ -829,8 +894,9 @@ def _pair_summary_kernel(
     zero-start end state); REVERSE: x -> P_t^T (x + dh_t) towards the chunk's start (e the adjoint carry
     leaving the chunk when none enters it; ``add`` is the output gradient). The loop takes ROWS steps at a
     time: their loads go out together and the thread composes them in its registers (an associative scan over
-    the tile's rows, or with FOLD a fold of neighbouring steps). Stored per row i with partner p:
-    d_i = M[i, i], o_i = M[i, p], e_i; pairs (3, B, NC, n, k), PLANE = B NC n k apart."""
+    the tile's rows, or with FOLD a fold of neighbouring steps); with PREFETCH each whole tile's loads go out
+    one tile ahead. Stored per row i with partner p: d_i = M[i, i], o_i = M[i, p], e_i; pairs
+    (3, B, NC, n, k), PLANE = B NC n k apart."""
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
     c = pid % NC
@@ -857,12 +923,26 @@ def _pair_summary_kernel(
     whole = span // ROWS * ROWS
     alive = hmask[:, None] & (rows >= 0)[None, :]
     valid = live[:, :, None] & alive[:, None, :]
-    for _ in tl.range(0, whole, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        m_ll, m_lh, m_hl, m_hh, e_l, e_h = _pair_summary_tile(
-            theta_ptr, scale_ptr, gamma_ptr, add_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid, alive,
-            sign_lo, sign_hi, m_ll, m_lh, m_hl, m_hh, e_l, e_h, HALF, K, ROWS, HAS_SCALE, HAS_DECAY, REVERSE,
-            FOLD, WT,
-        )  # fmt: skip
+    if PREFETCH:
+        go = rows < whole  # the first whole tile, if any
+        ahead = _pair_tile_loads(theta_ptr, scale_ptr, gamma_ptr, add_ptr, base, th_rel, gate_rel, rel_l,
+                                 rel_h, valid, alive, go, HALF, K, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+    for i in tl.range(0, whole, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        if PREFETCH:
+            more = rows + (i + ROWS) < whole  # the next whole tile, if any
+            p00, p01, p10, p11, add_l, add_h, ahead = _pair_ahead(
+                ahead, theta_ptr, scale_ptr, gamma_ptr, add_ptr, base + ROWS * move, th_rel, gate_rel, rel_l,
+                rel_h, valid, alive, more, sign_lo, sign_hi, HALF, K, HAS_SCALE, HAS_DECAY, REVERSE, WT,
+            )  # fmt: skip
+            m_ll, m_lh, m_hl, m_hh, e_l, e_h = _pair_summary_compose(
+                p00, p01, p10, p11, add_l, add_h, m_ll, m_lh, m_hl, m_hh, e_l, e_h, ROWS, REVERSE, FOLD
+            )
+        else:
+            m_ll, m_lh, m_hl, m_hh, e_l, e_h = _pair_summary_tile(
+                theta_ptr, scale_ptr, gamma_ptr, add_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid, alive,
+                sign_lo, sign_hi, m_ll, m_lh, m_hl, m_hh, e_l, e_h, HALF, K, ROWS, HAS_SCALE, HAS_DECAY,
+                REVERSE, FOLD, WT,
+            )  # fmt: skip
         base += ROWS * move
     if whole < span:
         alive = hmask[:, None] & (whole + rows < span)[None, :]
@@ -896,6 +976,17 @@ def _pair_summary_tile(
         theta_ptr + base * HALF + th_rel, scale_ptr + base + gate_rel, gamma_ptr + base + gate_rel, valid,
         alive, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, REVERSE, WT,
     )  # fmt: skip
+    return _pair_summary_compose(
+        p00, p01, p10, p11, add_l, add_h, m_ll, m_lh, m_hl, m_hh, e_l, e_h, ROWS, REVERSE, FOLD
+    )
+
+
+@triton.jit
+def _pair_summary_compose(
+    p00, p01, p10, p11, add_l, add_h, m_ll, m_lh, m_hl, m_hh, e_l, e_h,
+    ROWS: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
+):  # fmt: skip
+    """The summary (m, e) so far with a tile's step maps and adds (WT) composed after it."""
     if REVERSE:
         add_l, add_h = p00 * add_l + p01 * add_h, p10 * add_l + p11 * add_h
     if FOLD and ROWS >= 2:
@@ -1005,12 +1096,13 @@ def _pair_fwd_kernel(
     T, n, n_hblocks, NC, CHUNK,
     K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, FP64: tl.constexpr,
-    STAGES: tl.constexpr, UNROLL: tl.constexpr, ROWS: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr, ROWS: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """:func:`_fwd_kernel` for R = 1 with a pair per thread (:func:`_pair_tile_start`): one cos / sin per pair
     and step, no exchange between threads. h_lo = c (cos x~_lo - sin x~_hi) + b_lo,
     h_hi = c (sin x~_lo + cos x~_hi) + b_hi, x~ = sgn x. ROWS steps at a time: the carry enters the tile's
-    first step and an associative scan over its rows (held in the thread) gives every step's state."""
+    first step and an associative scan over its rows (held in the thread) gives every step's state; with
+    PREFETCH each whole tile's loads go out one tile ahead."""
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
     c = pid % NC
@@ -1031,11 +1123,24 @@ def _pair_fwd_kernel(
     whole = span // ROWS * ROWS
     alive = hmask[:, None] & (rows >= 0)[None, :]
     valid = live[:, :, None] & alive[:, None, :]
-    for _ in tl.range(0, whole, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        x_l, x_h = _pair_fwd_tile(
-            theta_ptr, scale_ptr, gamma_ptr, b_ptr, out_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid,
-            alive, sign_lo, sign_hi, x_l, x_h, HALF, K, ROWS, HAS_SCALE, HAS_DECAY, WT,
-        )  # fmt: skip
+    if PREFETCH:
+        go = rows < whole  # the first whole tile, if any
+        ahead = _pair_tile_loads(theta_ptr, scale_ptr, gamma_ptr, b_ptr, base, th_rel, gate_rel, rel_l, rel_h,
+                                 valid, alive, go, HALF, K, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
+    for i in tl.range(0, whole, ROWS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        if PREFETCH:
+            more = rows + (i + ROWS) < whole  # the next whole tile, if any
+            p00, p01, p10, p11, add_l, add_h, ahead = _pair_ahead(
+                ahead, theta_ptr, scale_ptr, gamma_ptr, b_ptr, base + ROWS * n, th_rel, gate_rel, rel_l,
+                rel_h, valid, alive, more, sign_lo, sign_hi, HALF, K, HAS_SCALE, HAS_DECAY, False, WT,
+            )  # fmt: skip
+            x_l, x_h = _pair_fwd_scan(p00, p01, p10, p11, add_l, add_h, out_ptr, base, rel_l, rel_h, valid,
+                                      x_l, x_h, K, ROWS)  # fmt: skip
+        else:
+            x_l, x_h = _pair_fwd_tile(
+                theta_ptr, scale_ptr, gamma_ptr, b_ptr, out_ptr, base, th_rel, gate_rel, rel_l, rel_h, valid,
+                alive, sign_lo, sign_hi, x_l, x_h, HALF, K, ROWS, HAS_SCALE, HAS_DECAY, WT,
+            )  # fmt: skip
         base += ROWS * n
     if whole < span:
         alive = hmask[:, None] & (whole + rows < span)[None, :]
@@ -1055,13 +1160,24 @@ def _pair_fwd_tile(
 ):  # fmt: skip
     """One tile of :func:`_pair_fwd_kernel` at row ``base`` from the state (x_l, x_h) entering it: stores its
     steps' states and returns the last."""
-    rows = tl.arange(0, ROWS)
     p00, p01, p10, p11 = _pair_step_maps(
         theta_ptr + base * HALF + th_rel, scale_ptr + base + gate_rel, gamma_ptr + base + gate_rel, valid,
         alive, sign_lo, sign_hi, HAS_SCALE, HAS_DECAY, False, WT,
     )  # fmt: skip
     add_l = tl.load(b_ptr + base * K + rel_l, mask=valid, other=0.0).to(WT)
     add_h = tl.load(b_ptr + base * K + rel_h, mask=valid, other=0.0).to(WT)
+    return _pair_fwd_scan(p00, p01, p10, p11, add_l, add_h, out_ptr, base, rel_l, rel_h, valid, x_l, x_h, K,
+                          ROWS)  # fmt: skip
+
+
+@triton.jit
+def _pair_fwd_scan(
+    p00, p01, p10, p11, add_l, add_h, out_ptr, base, rel_l, rel_h, valid, x_l, x_h,
+    K: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """A forward tile's states from its step maps and adds (WT) and the state (x_l, x_h) entering it: stores
+    them and returns the last."""
+    rows = tl.arange(0, ROWS)
     head_row = (rows == 0)[None, None, :]
     add_l += tl.where(head_row, p00 * x_l[:, :, None] + p01 * x_h[:, :, None], 0.0)
     add_h += tl.where(head_row, p10 * x_l[:, :, None] + p11 * x_h[:, :, None], 0.0)
@@ -1079,10 +1195,11 @@ def _pair_bwd_kernel(
     T, n, n_hblocks, NC, CHUNK,
     K: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, CARRY_IN: tl.constexpr, FP64: tl.constexpr,
-    STAGES: tl.constexpr, UNROLL: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """:func:`_bwd_kernel` for R = 1 with a pair per thread: with y = L_t(h_{t-1}) and u = c_t lam_t,
-    dtheta = u_lo dy_lo/dtheta + u_hi dy_hi/dtheta and the carry L_t^T u, one cos / sin per pair and step."""
+    dtheta = u_lo dy_lo/dtheta + u_hi dy_hi/dtheta and the carry L_t^T u, one cos / sin per pair and step;
+    with PREFETCH a step's loads go out one step ahead (:func:`_pair_bwd_step_inputs`)."""
     WT: tl.constexpr = tl.float64 if FP64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
     c = pid % NC
@@ -1097,26 +1214,46 @@ def _pair_bwd_kernel(
         u_l = tl.zeros((BLOCK_H, BLOCK_K // 2), dtype=tl.float32).to(WT)
         u_h = u_l
     state = ((bi * n + heads) * K)[:, None]
+    last = c * CHUNK + CHUNK - 1
+    if PREFETCH:
+        ahead = _pair_bwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, last, T,
+                                      n, heads, m, lo, hi, live, state, HALF, K, HAS_SCALE, HAS_DECAY,
+                                      WT)  # fmt: skip
     for s in tl.range(0, CHUNK, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        t = c * CHUNK + CHUNK - 1 - s
+        t = last - s
         alive = (heads < n) & (heads * 0 + t < T)
         step = live & alive[:, None]
         row = (bi * T + t) * n + heads
         at_l = (row * K)[:, None] + lo[None, :]
         at_h = (row * K)[:, None] + hi[None, :]
-        lam_l = u_l + tl.load(grad_ptr + at_l, mask=step, other=0.0).to(WT)
-        lam_h = u_h + tl.load(grad_ptr + at_h, mask=step, other=0.0).to(WT)
-        tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=step)
-        tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=step)
-        first = (heads * 0 + t == 0)[:, None]
-        xs_l = tl.load(out_ptr + at_l - n * K, mask=step & ~first, other=0.0).to(WT)
-        xs_h = tl.load(out_ptr + at_h - n * K, mask=step & ~first, other=0.0).to(WT)
-        xs_l += tl.load(h0_ptr + state + lo[None, :], mask=step & first, other=0.0).to(WT)
-        xs_h += tl.load(h0_ptr + state + hi[None, :], mask=step & first, other=0.0).to(WT)
-        xs_l = xs_l * sign_lo[None, :]
-        xs_h = xs_h * sign_hi[None, :]
-        th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
-        scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, alive, HAS_SCALE, HAS_DECAY, WT)
+        if PREFETCH:
+            grad_l, grad_h, xs_l, xs_h, th, scale, gamma = ahead
+            ahead = _pair_bwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi,
+                                          t - 1, T, n, heads, m, lo, hi, live, state, HALF, K, HAS_SCALE,
+                                          HAS_DECAY, WT)  # fmt: skip
+            lam_l = u_l + grad_l.to(WT)
+            lam_h = u_h + grad_h.to(WT)
+            tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=step)
+            tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=step)
+            xs_l = xs_l.to(WT) * sign_lo[None, :]
+            xs_h = xs_h.to(WT) * sign_hi[None, :]
+            th = th.to(WT)
+            scale = scale.to(WT)
+            gamma = gamma.to(WT)
+        else:
+            lam_l = u_l + tl.load(grad_ptr + at_l, mask=step, other=0.0).to(WT)
+            lam_h = u_h + tl.load(grad_ptr + at_h, mask=step, other=0.0).to(WT)
+            tl.store(db_ptr + at_l, lam_l.to(db_ptr.dtype.element_ty), mask=step)
+            tl.store(db_ptr + at_h, lam_h.to(db_ptr.dtype.element_ty), mask=step)
+            first = (heads * 0 + t == 0)[:, None]
+            xs_l = tl.load(out_ptr + at_l - n * K, mask=step & ~first, other=0.0).to(WT)
+            xs_h = tl.load(out_ptr + at_h - n * K, mask=step & ~first, other=0.0).to(WT)
+            xs_l += tl.load(h0_ptr + state + lo[None, :], mask=step & first, other=0.0).to(WT)
+            xs_h += tl.load(h0_ptr + state + hi[None, :], mask=step & first, other=0.0).to(WT)
+            xs_l = xs_l * sign_lo[None, :]
+            xs_h = xs_h * sign_hi[None, :]
+            th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0).to(WT)
+            scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, alive, HAS_SCALE, HAS_DECAY, WT)
         # this loop keeps Triton's cos and sin, its indexing and one step per iteration: rewritten like the
         # forward pair kernels (pointers moved per step, h0 picked by a where, sincos) it ran 8% faster in
         # float32 but 1.6x slower in bfloat16 (H100, (8, 4096, 16, 16), chunks of 32); on 4-step tiles
@@ -1139,6 +1276,33 @@ def _pair_bwd_kernel(
     first = live & (heads * 0 + c == 0)[:, None]
     tl.store(dh0_ptr + state + lo[None, :], u_l.to(dh0_ptr.dtype.element_ty), mask=first)
     tl.store(dh0_ptr + state + hi[None, :], u_h.to(dh0_ptr.dtype.element_ty), mask=first)
+
+
+@triton.jit
+def _pair_bwd_step_inputs(
+    theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, t, T, n, heads, m, lo, hi, live, state,
+    HALF: tl.constexpr, K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, WT: tl.constexpr,
+):  # fmt: skip
+    """Step t's loads for :func:`_pair_bwd_kernel`, each in its input's dtype: (the output gradient's lo and
+    hi entries, h_{t-1}'s (h0 at t = 0, through one load each), theta, scale, gamma); masked outside
+    [0, T)."""
+    alive = (heads < n) & (heads * 0 + t < T) & (heads * 0 + t >= 0)
+    step = live & alive[:, None]
+    row = (bi * T + t) * n + heads
+    at_l = (row * K)[:, None] + lo[None, :]
+    at_h = (row * K)[:, None] + hi[None, :]
+    grad_l = tl.load(grad_ptr + at_l, mask=step, other=0.0)
+    grad_h = tl.load(grad_ptr + at_h, mask=step, other=0.0)
+    first = (heads * 0 + t == 0)[:, None]
+    prev_l = tl.load(
+        tl.where(first, h0_ptr + state + lo[None, :], out_ptr + at_l - n * K), mask=step, other=0.0
+    )
+    prev_h = tl.load(
+        tl.where(first, h0_ptr + state + hi[None, :], out_ptr + at_h - n * K), mask=step, other=0.0
+    )
+    th = tl.load(theta_ptr + (row * HALF)[:, None] + m[None, :], mask=step, other=0.0)
+    scale, gamma = _gate_loads(scale_ptr, gamma_ptr, row, alive, HAS_SCALE, HAS_DECAY, WT)
+    return grad_l, grad_h, prev_l, prev_h, th, scale, gamma
 
 
 @triton.jit
@@ -1503,9 +1667,12 @@ def _replay(
     if plan.pairs is not None and PAIR_REPLAYS:
         pair_h, pair_warps = plan.pairs
         tile = {k: meta[k] for k in ("K", "HALF", "BLOCK_K", "FP64")}
-        return pair, cdiv(heads, pair_h), {**tile, "BLOCK_H": pair_h, "num_warps": pair_warps}
+        tile.update(BLOCK_H=pair_h, PREFETCH=plan.prefetch, num_warps=pair_warps)
+        return pair, cdiv(heads, pair_h), tile
     warps = _warps(plan.block_h * meta["BLOCK_K"])
-    tile = {**meta, "BLOCK_H": plan.block_h, "PREFETCH": plan.prefetch, "num_warps": warps}
+    # the pair summaries' prefetch is theirs: the vector replays after them load in the step
+    prefetch = plan.prefetch if plan.pairs is None else 0
+    tile = {**meta, "BLOCK_H": plan.block_h, "PREFETCH": prefetch, "num_warps": warps}
     return vector, cdiv(heads, plan.block_h), tile
 
 
@@ -1539,7 +1706,8 @@ def _carries(
         plane, n_blocks = batch * chunks * heads * k, cdiv(heads, pair_h)
         launch(_pair_summary_kernel, (batch * n_blocks * chunks,), theta, scale, gamma, add, perm, sgn, p2p,
                pairs, steps, heads, n_blocks, chunks, chunk, plane, HALF=meta["HALF"], BLOCK_H=pair_h,
-               **common, **flags, **loops, ROWS=plan.rows, FOLD=_fold(add), num_warps=pair_warps)  # fmt: skip
+               **common, **flags, **loops, ROWS=plan.rows, FOLD=_fold(add), PREFETCH=plan.prefetch,
+               num_warps=pair_warps)  # fmt: skip
         launch(_pair_carry_kernel, (batch * n_blocks,), pairs, h0, carries, perm, sgn, p2p, heads, n_blocks,
                chunks, plane, HALF=meta["HALF"], BLOCK_H=pair_h, **common, STAGES=CARRY_STAGES,
                ROWS=plan.rows, num_warps=pair_warps)  # fmt: skip
