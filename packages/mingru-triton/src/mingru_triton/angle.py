@@ -229,7 +229,9 @@ class _Plan(NamedTuple):
     """Steps per iteration of the pair summaries', carries' and forward replays' loops (:data:`PAIR_ROWS`;
     they unroll by 1); 1 where there are none."""
     prefetch: int = 0
-    """Steps ahead that the vector path loads its inputs into registers (:data:`SEQUENTIAL_PREFETCH`)."""
+    """Steps ahead that the sequential walk loads its inputs into registers (:data:`SEQUENTIAL_PREFETCH`), or
+    with pair kernels 1 where they load a tile ahead (:data:`PAIR_PREFETCH_MAX_K`); 0: each step (tile)
+    loads its own."""
 
 
 def _plan(
@@ -386,13 +388,13 @@ def _fwd_kernel(
         t = start + s
         live = hmask & (heads * 0 + t < T)
         tmask = live[:, None] & kmask[None, :]
-        offs = ((bi * T + t) * n + heads)[:, None] * K + lanes[None, :]
-        # the step's loads first (see :func:`_step_angles`), or PREFETCH steps ahead
+        row = (bi * T + t) * n + heads
+        offs = row[:, None] * K + lanes[None, :]
         if PREFETCH == 0:
-            angles_t, scale, gamma, add = _fwd_step_inputs(
-                theta_ptr, scale_ptr, gamma_ptr, b_ptr, bi, t, T, n, heads, hmask, lanes, kmask, angles,
-                K, HALF, R, HAS_SCALE, HAS_DECAY, WT,
-            )  # fmt: skip
+            # the step's loads first (see :func:`_step_angles`)
+            angles_t = _step_angles(theta_ptr, (row * R * HALF)[:, None], angles, tmask, HALF, R)
+            scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
+            add = tl.load(b_ptr + offs, mask=tmask, other=0.0).to(WT)
         elif PREFETCH == 1:
             angles_t, scale, gamma, add = ahead1
             ahead1 = _fwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, b_ptr, bi, t + 1, T, n, heads, hmask,
@@ -402,12 +404,14 @@ def _fwd_kernel(
             ahead1 = ahead2
             ahead2 = _fwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, b_ptr, bi, t + 2, T, n, heads, hmask,
                                       lanes, kmask, angles, K, HALF, R, HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
-        add = add.to(WT)
+        if PREFETCH > 0:
+            add = add.to(WT)
         for r in tl.static_range(R):
             sn, cs = sincos(angles_t[r].to(WT))
             xs = x * signs[r][None, :]
             idx = tl.broadcast_to(partners[r][None, :], (BLOCK_H, BLOCK_K))
             x = cs * xs + sides[r][None, :] * sn * tl.gather(xs, idx, 1)
+        # the gates in WT (a no-op where they were loaded in the step)
         if HAS_SCALE:
             x = x * scale.to(WT)[:, None]
         if HAS_DECAY:
@@ -534,10 +538,14 @@ def _bwd_kernel(
         offs = row[:, None] * K + lanes[None, :]
         theta_base = (row * R * HALF)[:, None]
         if PREFETCH == 0:
-            angles_t, scale, gamma, grad, prev = _bwd_step_inputs(
-                theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, t, T, n, heads, hmask, lanes,
-                kmask, state, angles, K, HALF, R, HAS_SCALE, HAS_DECAY, WT,
-            )  # fmt: skip
+            lam = carry + tl.load(grad_ptr + offs, mask=tmask, other=0.0).to(WT)
+            tl.store(db_ptr + offs, lam.to(db_ptr.dtype.element_ty), mask=tmask)
+            first = (heads * 0 + t == 0)[:, None]
+            prev = tl.load(out_ptr + offs - n * K, mask=tmask & ~first, other=0.0).to(WT)
+            prev += tl.load(h0_ptr + state, mask=tmask & first, other=0.0).to(WT)
+            angles_t = _step_angles(theta_ptr, theta_base, angles, tmask, HALF, R)
+            scale, gamma = _load_gates(scale_ptr, gamma_ptr, row, live, HAS_SCALE, HAS_DECAY, WT)
+            x = prev
         elif PREFETCH == 1:
             angles_t, scale, gamma, grad, prev = ahead1
             ahead1 = _bwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, t - 1,
@@ -549,11 +557,12 @@ def _bwd_kernel(
             ahead2 = _bwd_step_inputs(theta_ptr, scale_ptr, gamma_ptr, h0_ptr, out_ptr, grad_ptr, bi, t - 2,
                                       T, n, heads, hmask, lanes, kmask, state, angles, K, HALF, R,
                                       HAS_SCALE, HAS_DECAY, WT)  # fmt: skip
-        scale = scale.to(WT)
-        gamma = gamma.to(WT)
-        lam = carry + grad.to(WT)
-        tl.store(db_ptr + offs, lam.to(db_ptr.dtype.element_ty), mask=tmask)
-        x = prev.to(WT)
+        if PREFETCH > 0:
+            scale = scale.to(WT)
+            gamma = gamma.to(WT)
+            lam = carry + grad.to(WT)
+            tl.store(db_ptr + offs, lam.to(db_ptr.dtype.element_ty), mask=tmask)
+            x = prev.to(WT)
         # each layer's cos / sin, kept for the reverse sweep below
         cosines = ()
         sines = ()
