@@ -144,10 +144,10 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
     own_plan = angle._plan
 
     def plan(
-        batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, *rest: Any, **kw: Any
+        batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, itemsize: int = 4
     ) -> Any:
-        """The settings' plan, forward and adjoint alike; ``rest`` and ``kw`` (the op's further plan
-        arguments: the itemsize) reach the op's own plan untouched."""
+        """The settings' plan, forward and adjoint alike; the pair kernels load ahead where the op's own
+        plan has them do so."""
         if "lookback" in settings:
             if layers != 1:
                 raise ValueError(f"the single pass takes R = 1, got R={layers}")
@@ -156,15 +156,16 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
         block_h = min(next_pow2(heads), max(1, settings["tile"] // next_pow2(k)))
         chunk = min(settings["chunk"], max(1, steps))
         summary = settings["summary"] or angle._summary_tile(heads, k, layers)
-        own = own_plan(batch, steps, heads, k, layers, device, *rest, **kw)
+        own = own_plan(batch, steps, heads, k, layers, device, itemsize)
         pairs = settings["pairs"]
         if pairs == "own":
             pairs = own.pairs
         elif pairs == "off" or layers != 1:
             pairs = None
         rows = 1 if pairs is None else settings["rows"] or max(own.rows, 1)
+        prefetch = own.prefetch if pairs is not None and own.pairs is not None else 0
         return angle._Plan(
-            "chunked", chunk, block_h, settings["stages"], settings["unroll"], summary, pairs, rows
+            "chunked", chunk, block_h, settings["stages"], settings["unroll"], summary, pairs, rows, prefetch
         )
 
     angle._plan = plan

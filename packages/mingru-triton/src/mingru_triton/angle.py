@@ -828,11 +828,7 @@ def _pair_step_maps(
         if HAS_DECAY:
             factor = factor * tl.load(ga_at, mask=alive, other=1.0).to(WT)
         cs, sn = cs * factor[:, None, :], sn * factor[:, None, :]
-    s_lo = tl.where(valid, sign_lo[None, :, None], 1.0)
-    s_hi = tl.where(valid, sign_hi[None, :, None], 1.0)
-    if TRANSPOSE:
-        return cs * s_lo, sn * s_lo, -sn * s_hi, cs * s_hi
-    return cs * s_lo, -sn * s_hi, sn * s_lo, cs * s_hi
+    return _pair_signed(cs, sn, valid, sign_lo, sign_hi, TRANSPOSE)
 
 
 @triton.jit
@@ -871,6 +867,17 @@ def _pair_ahead(
 
 
 @triton.jit
+def _pair_signed(cs, sn, valid, sign_lo, sign_hi, TRANSPOSE: tl.constexpr):
+    """The pair blocks (p00, p01, p10, p11) from a tile's c_t cos and c_t sin: the signs of lo and hi taken
+    in (1 outside ``valid``), transposed with TRANSPOSE."""
+    s_lo = tl.where(valid, sign_lo[None, :, None], 1.0)
+    s_hi = tl.where(valid, sign_hi[None, :, None], 1.0)
+    if TRANSPOSE:
+        return cs * s_lo, sn * s_lo, -sn * s_hi, cs * s_hi
+    return cs * s_lo, -sn * s_hi, sn * s_lo, cs * s_hi
+
+
+@triton.jit
 def _pair_loaded_maps(
     th, scale, gamma, valid, sign_lo, sign_hi,
     HAS_SCALE: tl.constexpr, HAS_DECAY: tl.constexpr, TRANSPOSE: tl.constexpr, WT: tl.constexpr,
@@ -880,11 +887,7 @@ def _pair_loaded_maps(
     if HAS_SCALE or HAS_DECAY:
         factor = scale.to(WT) * gamma.to(WT)
         cs, sn = cs * factor[:, None, :], sn * factor[:, None, :]
-    s_lo = tl.where(valid, sign_lo[None, :, None], 1.0)
-    s_hi = tl.where(valid, sign_hi[None, :, None], 1.0)
-    if TRANSPOSE:
-        return cs * s_lo, sn * s_lo, -sn * s_hi, cs * s_hi
-    return cs * s_lo, -sn * s_hi, sn * s_lo, cs * s_hi
+    return _pair_signed(cs, sn, valid, sign_lo, sign_hi, TRANSPOSE)
 
 
 @triton.jit
