@@ -177,6 +177,31 @@ def test_half_inputs_on_the_dot_path(dtype, strategy) -> None:
         _check_recurrence((1, 5, 1, 16, 16), dtype, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+@pytest.mark.parametrize(("strategy", "chunk", "steps"), [("sequential", None, 1), ("sequential", None, 2),
+                                                          ("chunked", 3, 2), ("chunked", 4, 13),
+                                                          ("chunked", 2, 9)])  # fmt: skip
+@interpreted
+def test_broadcast_prefetch(
+    monkeypatch: pytest.MonkeyPatch, prefetch: int, strategy: str, chunk, steps: int
+) -> None:
+    """The broadcast path (tiles of 4 x 4 and up) with its loads 0, 1 or 2 steps (phase 2: chunks) ahead,
+    forward and adjoint of both ops, T and the chunk count down to below the distance (the loads past either
+    end masked); bfloat16 for the scan, float32 for the recurrence."""
+    monkeypatch.setattr(affine, "BROADCAST_PREFETCH", prefetch)
+    assert affine._config(3, 2, torch.bfloat16)["PREFETCH"] == affine._config(5, 3, torch.float32)["PREFETCH"]
+    assert affine._config(3, 2, torch.bfloat16)["PREFETCH"] == prefetch
+    # 2 x 2 tiles and the tl.dot path load each step's own
+    assert (
+        affine._config(2, 2, torch.float32)["PREFETCH"]
+        == affine._config(16, 16, torch.bfloat16)["PREFETCH"]
+        == 0
+    )
+    with force_strategy(strategy, chunk):
+        _check_scan((2, steps, 2, 3, 2), torch.bfloat16, torch.device("cpu"))
+        _check_recurrence((2, steps, 3, 5, 3), torch.float32, torch.device("cpu"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, *HALF_TYPES], ids=str)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @interpreted

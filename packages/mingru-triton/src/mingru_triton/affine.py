@@ -50,8 +50,15 @@ MIN_CHUNK = 64
 STRATEGIES = ("sequential", "chunked")
 DOT_STAGES = 3
 """Software-pipelining depth (``tl.range(num_stages=...)``) of the per-step loops on the tl.dot path; the
-broadcast path (small tiles) keeps 1, its loops as written. On an H200 (B * n = 64, T = 4096) 3 stages ran
-1.06x-1.3x faster for k = 16 and 32 and up to 2x slower for k = 2 (float32)."""
+broadcast path (small tiles) keeps 1 and loads ahead instead (:data:`BROADCAST_PREFETCH`). On an H200
+(B * n = 64, T = 4096) 3 stages ran 1.06x-1.3x faster for k = 16 and 32 and up to 2x slower for k = 2
+(float32)."""
+BROADCAST_PREFETCH = 2
+"""Steps (chunks, in phase 2) ahead that the loops of the broadcast path (:func:`_mm` without tl.dot) load
+their inputs into registers, 0 to 2, for tiles of 4 x 4 and up (2 x 2 tiles load each step's own). On an H100
+at (B, T, n) = (4, 4096, 16) it ran k = v = 8 1.08x-1.18x faster forward and 1.00x-1.15x forward+backward
+than loading each step's own, k = v = 4 1.02x-1.22x faster forward+backward and 0.90x-1.08x forward, and
+k = v = 2 1.1x-1.4x slower (the instructions a program issues per step bind it more than its loads)."""
 
 _forced: tuple[str, int | None] | None = None
 
@@ -71,6 +78,16 @@ def _mm(a, b, DOT: tl.constexpr):
     """
     c = tl.dot(a, b, input_precision="ieee") if DOT else tl.sum(b[None, :, :] * a[:, :, None], axis=1)
     return c
+
+
+@triton.jit
+def _fwd_loads(a_ptr, b_ptr, base, t, end, n, kk, kv, o_kk, o_kv, m_kk, m_kv):
+    """Step t's (A_t, B_t) tiles in their input dtype (a conversion next to a load would wait on it), zero
+    from ``end`` on."""
+    step = base + t * n
+    a_t = tl.load(a_ptr + step * kk + o_kk, mask=m_kk & (o_kk * 0 + t < end), other=0.0)
+    b_t = tl.load(b_ptr + step * kv + o_kv, mask=m_kv & (o_kv * 0 + t < end), other=0.0)
+    return a_t, b_t
 
 
 @triton.jit
@@ -102,6 +119,7 @@ def _fwd_kernel(
     CARRY: tl.constexpr,
     HAS_H0: tl.constexpr,
     STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """One program per (row = b * n + h, chunk): walks steps [c * chunk, min(T, (c + 1) * chunk)).
 
@@ -139,10 +157,25 @@ def _fwd_kernel(
     elif HAS_H0:
         state = tl.load(h0_ptr + row * kv + o_kv, mask=m_kv, other=0.0).to(ACC)
 
+    if PREFETCH >= 1:
+        ahead1 = _fwd_loads(a_ptr, b_ptr, base, start, end, n, kk, kv, o_kk, o_kv, m_kk, m_kv)
+    if PREFETCH >= 2:
+        ahead2 = _fwd_loads(a_ptr, b_ptr, base, start + 1, end, n, kk, kv, o_kk, o_kv, m_kk, m_kv)
     for t in tl.range(start, end, num_stages=STAGES):
         step = base + t * n
-        a_t = tl.load(a_ptr + step * kk + o_kk, mask=m_kk, other=0.0).to(ACC)
-        b_t = tl.load(b_ptr + step * kv + o_kv, mask=m_kv, other=0.0).to(ACC)
+        if PREFETCH == 0:
+            a_t = tl.load(a_ptr + step * kk + o_kk, mask=m_kk, other=0.0).to(ACC)
+            b_t = tl.load(b_ptr + step * kv + o_kv, mask=m_kv, other=0.0).to(ACC)
+        else:
+            a_t, b_t = ahead1
+            nxt = _fwd_loads(a_ptr, b_ptr, base, t + PREFETCH, end, n, kk, kv, o_kk, o_kv, m_kk, m_kv)
+            if PREFETCH == 1:
+                ahead1 = nxt
+            else:
+                ahead1 = ahead2
+                ahead2 = nxt
+            a_t = a_t.to(ACC)
+            b_t = b_t.to(ACC)
         state = _mm(a_t, state, DOT_KV) + b_t
         if TRACK_P:
             prod = _mm(a_t, prod, DOT_KK)
@@ -154,6 +187,27 @@ def _fwd_kernel(
     if SUMMARY:
         tl.store(ca_ptr + s_kk, prod)
         tl.store(cb_ptr + s_kv, state)
+
+
+@triton.jit
+def _carry_loads(
+    sp_ptr, sa_ptr, sb_ptr, row, NC, i,
+    KP: tl.constexpr, VP: tl.constexpr, TRACK_A: tl.constexpr, ADD_A: tl.constexpr, TRACK_B: tl.constexpr,
+    REVERSE: tl.constexpr,
+):  # fmt: skip
+    """The summary tiles (P, EA, EB) of phase 2's i-th chunk, zero from i = NC - 1 on (P in place of one not
+    read)."""
+    slot = row * NC + (NC - 1 - i if REVERSE else i)
+    t_kk = tl.arange(0, KP)[:, None] * KP + tl.arange(0, KP)[None, :]
+    t_kv = tl.arange(0, KP)[:, None] * VP + tl.arange(0, VP)[None, :]
+    p = tl.load(sp_ptr + slot * KP * KP + t_kk, mask=t_kk * 0 + i < NC - 1, other=0.0)
+    add_a = p
+    add_b = p
+    if TRACK_A and ADD_A:
+        add_a = tl.load(sa_ptr + slot * KP * KP + t_kk, mask=t_kk * 0 + i < NC - 1, other=0.0)
+    if TRACK_B:
+        add_b = tl.load(sb_ptr + slot * KP * VP + t_kv, mask=t_kv * 0 + i < NC - 1, other=0.0)
+    return p, add_a, add_b
 
 
 @triton.jit
@@ -180,6 +234,7 @@ def _carry_kernel(
     HAS_H0: tl.constexpr,
     REVERSE: tl.constexpr,
     STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Phase 2, one program per row: scan the chunk summaries (P_c, EA_c, EB_c) in chunk order (reversed
     when REVERSE), storing each chunk's carry-in (ca, cb) before applying its map: ka <- P_c ka (+ EA_c when
@@ -198,23 +253,88 @@ def _carry_kernel(
     kb = tl.zeros((KP, VP), dtype=ACC)
     if HAS_H0:
         kb = tl.load(h0_ptr + row * k * v + rk[:, None] * v + cv[None, :], mask=m_kv, other=0.0).to(ACC)
+    if PREFETCH >= 1:
+        ahead1 = _carry_loads(sp_ptr, sa_ptr, sb_ptr, row, NC, 0, KP, VP, TRACK_A, ADD_A, TRACK_B, REVERSE)
+    if PREFETCH >= 2:
+        ahead2 = _carry_loads(sp_ptr, sa_ptr, sb_ptr, row, NC, 1, KP, VP, TRACK_A, ADD_A, TRACK_B, REVERSE)
     for i in tl.range(0, NC - 1, num_stages=STAGES):
         c = NC - 1 - i if REVERSE else i
         slot = row * NC + c
-        p = tl.load(sp_ptr + slot * KP * KP + t_kk)
+        if PREFETCH == 0:
+            p = tl.load(sp_ptr + slot * KP * KP + t_kk)
+        else:
+            p, add_a, add_b = ahead1
+            nxt = _carry_loads(sp_ptr, sa_ptr, sb_ptr, row, NC, i + PREFETCH, KP, VP, TRACK_A, ADD_A, TRACK_B,
+                               REVERSE)  # fmt: skip
+            if PREFETCH == 1:
+                ahead1 = nxt
+            else:
+                ahead1 = ahead2
+                ahead2 = nxt
         if TRACK_A:
             tl.store(ca_ptr + slot * KP * KP + t_kk, ka)
             ka = _mm(p, ka, DOT_KK)
             if ADD_A:
-                ka += tl.load(sa_ptr + slot * KP * KP + t_kk)
+                if PREFETCH == 0:
+                    ka += tl.load(sa_ptr + slot * KP * KP + t_kk)
+                else:
+                    ka += add_a
         if TRACK_B:
             tl.store(cb_ptr + slot * KP * VP + t_kv, kb)
-            kb = _mm(p, kb, DOT_KV) + tl.load(sb_ptr + slot * KP * VP + t_kv)
+            if PREFETCH == 0:
+                kb = _mm(p, kb, DOT_KV) + tl.load(sb_ptr + slot * KP * VP + t_kv)
+            else:
+                kb = _mm(p, kb, DOT_KV) + add_b
     last = row * NC if REVERSE else row * NC + NC - 1
     if TRACK_A:
         tl.store(ca_ptr + last * KP * KP + t_kk, ka)
     if TRACK_B:
         tl.store(cb_ptr + last * KP * VP + t_kv, kb)
+
+
+@triton.jit
+def _bwd_loads(
+    a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, base, t, start, n, k, v,
+    KP: tl.constexpr, VP: tl.constexpr,
+    HAS_GA: tl.constexpr, HAS_GB: tl.constexpr, HAS_H0: tl.constexpr, SUMMARY: tl.constexpr,
+):  # fmt: skip
+    """The adjoint's loads at step t in their input dtype, zero before ``start``: (G^A_t, G^B_t, A_t^T,
+    Abar_{t-1}^T, X_{t-1}^T (H0^T at t = 0 when HAS_H0)); A_t^T in place of one not read."""
+    rk = tl.arange(0, KP)
+    ck = tl.arange(0, KP)
+    cv = tl.arange(0, VP)
+    rv = tl.arange(0, VP)
+    m_kk = (rk[:, None] < k) & (ck[None, :] < k)
+    m_kv = (rk[:, None] < k) & (cv[None, :] < v)
+    m_vk = (rv[:, None] < v) & (ck[None, :] < k)
+    o_kk_t = rk[:, None] + ck[None, :] * k
+    o_vk_t = rv[:, None] + ck[None, :] * v
+    zero = ck[None, :] * 0
+    step = base + t * n
+    prev = step - n
+    live = zero + t >= start
+    a_t = tl.load(a_ptr + step * k * k + o_kk_t, mask=m_kk & live, other=0.0)
+    g_a = a_t
+    g_b = a_t
+    abar_t = a_t
+    x_t = a_t
+    if HAS_GA:
+        g_a = tl.load(ga_ptr + step * k * k + rk[:, None] * k + ck[None, :], mask=m_kk & live, other=0.0)
+    if HAS_GB:
+        live_kv = m_kv & (cv[None, :] * 0 + t >= start)
+        g_b = tl.load(gb_ptr + step * k * v + rk[:, None] * v + cv[None, :], mask=live_kv, other=0.0)
+    if not SUMMARY:
+        if HAS_GA:
+            abar_t = tl.load(abar_ptr + prev * k * k + o_kk_t, mask=m_kk & live & (zero + t > 0), other=0.0)
+        if HAS_GB:
+            x_offs = x_ptr + prev * k * v + o_vk_t
+            if HAS_H0:
+                # one load of X_{t-1} or H0 (same dtype): a sum of two would wait on both
+                x_offs = tl.where(zero + t == 0, h0_ptr + row * k * v + o_vk_t, x_offs)
+                x_t = tl.load(x_offs, mask=m_vk & live, other=0.0)
+            else:
+                x_t = tl.load(x_offs, mask=m_vk & live & (zero + t > 0), other=0.0)
+    return g_a, g_b, a_t, abar_t, x_t
 
 
 @triton.jit
@@ -251,6 +371,7 @@ def _bwd_kernel(
     SUMMARY: tl.constexpr,
     CARRY: tl.constexpr,
     STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Adjoint, one program per (row, chunk), steps [c * chunk, min(T, (c + 1) * chunk)) in reverse.
 
@@ -287,8 +408,8 @@ def _bwd_kernel(
     eye = (rk[:, None] == ck[None, :]).to(ACC)
     zero = ck[None, :] * 0  # scalar conditions are broadcast to tiles (the interpreter needs tensor masks)
 
-    nxt = base + end * n
-    a_next = tl.load(a_ptr + nxt * kk + o_kk_t, mask=m_kk & (zero + end < T), other=0.0).to(ACC)
+    after = base + end * n
+    a_next = tl.load(a_ptr + after * kk + o_kk_t, mask=m_kk & (zero + end < T), other=0.0).to(ACC)
     la = tl.zeros((KP, KP), dtype=ACC)
     lb = tl.zeros((KP, VP), dtype=ACC)
     prod = eye
@@ -298,27 +419,56 @@ def _bwd_kernel(
         if HAS_GB:
             lb = tl.load(sb_ptr + s_kv)
 
+    if PREFETCH >= 1:
+        ahead1 = _bwd_loads(a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, base, end - 1, start, n,
+                            k, v, KP, VP, HAS_GA, HAS_GB, HAS_H0, SUMMARY)  # fmt: skip
+    if PREFETCH >= 2:
+        ahead2 = _bwd_loads(a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, base, end - 2, start, n,
+                            k, v, KP, VP, HAS_GA, HAS_GB, HAS_H0, SUMMARY)  # fmt: skip
     for i in tl.range(0, end - start, num_stages=STAGES):
         t = end - 1 - i
         step = base + t * n
-        if HAS_GA:
-            la = _mm(a_next, la, DOT_KK) + tl.load(ga_ptr + step * kk + o_kk, mask=m_kk, other=0.0).to(ACC)
-        if HAS_GB:
-            lb = _mm(a_next, lb, DOT_KV) + tl.load(gb_ptr + step * kv + o_kv, mask=m_kv, other=0.0).to(ACC)
+        if PREFETCH == 0:
+            if HAS_GA:
+                la = _mm(a_next, la, DOT_KK)
+                la += tl.load(ga_ptr + step * kk + o_kk, mask=m_kk, other=0.0).to(ACC)
+            if HAS_GB:
+                lb = _mm(a_next, lb, DOT_KV)
+                lb += tl.load(gb_ptr + step * kv + o_kv, mask=m_kv, other=0.0).to(ACC)
+        else:
+            g_a, g_b, a_t, abar_t, x_t = ahead1
+            nxt = _bwd_loads(a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, base, t - PREFETCH, start,
+                             n, k, v, KP, VP, HAS_GA, HAS_GB, HAS_H0, SUMMARY)  # fmt: skip
+            if PREFETCH == 1:
+                ahead1 = nxt
+            else:
+                ahead1 = ahead2
+                ahead2 = nxt
+            if HAS_GA:
+                la = _mm(a_next, la, DOT_KK) + g_a.to(ACC)
+            if HAS_GB:
+                lb = _mm(a_next, lb, DOT_KV) + g_b.to(ACC)
         if SUMMARY:
             prod = _mm(a_next, prod, DOT_KK)
-        a_next = tl.load(a_ptr + step * kk + o_kk_t, mask=m_kk, other=0.0).to(ACC)
+        if PREFETCH == 0:
+            a_next = tl.load(a_ptr + step * kk + o_kk_t, mask=m_kk, other=0.0).to(ACC)
+        else:
+            a_next = a_t.to(ACC)
         if not SUMMARY:
             prev = step - n
             d_a = tl.zeros((KP, KP), dtype=ACC)
             if HAS_GA:
-                abar_t = tl.load(abar_ptr + prev * kk + o_kk_t, mask=m_kk & (zero + t > 0), other=0.0).to(ACC)
-                d_a += _mm(la, tl.where(zero + t > 0, abar_t, eye), DOT_KK)
+                if PREFETCH == 0:
+                    abar_t = tl.load(abar_ptr + prev * kk + o_kk_t, mask=m_kk & (zero + t > 0), other=0.0)
+                d_a += _mm(la, tl.where(zero + t > 0, abar_t.to(ACC), eye), DOT_KK)
             if HAS_GB:
-                x_t = tl.load(x_ptr + prev * kv + o_vk_t, mask=m_vk & (zero + t > 0), other=0.0).to(ACC)
-                if HAS_H0:
-                    x_t += tl.load(h0_ptr + row * kv + o_vk_t, mask=m_vk & (zero + t == 0), other=0.0).to(ACC)
-                d_a += _mm(lb, x_t, DOT_KV)
+                if PREFETCH == 0:
+                    x_t = tl.load(x_ptr + prev * kv + o_vk_t, mask=m_vk & (zero + t > 0), other=0.0).to(ACC)
+                    if HAS_H0:
+                        x_t += tl.load(h0_ptr + row * kv + o_vk_t, mask=m_vk & (zero + t == 0), other=0.0).to(
+                            ACC
+                        )
+                d_a += _mm(lb, x_t.to(ACC), DOT_KV)
                 tl.store(db_ptr + step * kv + o_kv, lb.to(db_ptr.dtype.element_ty), mask=m_kv)
             tl.store(da_ptr + step * kk + o_kk, d_a.to(da_ptr.dtype.element_ty), mask=m_kk)
 
@@ -414,7 +564,8 @@ def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
     The broadcast product of k = 32 spills registers: on an H200, bfloat16 k = v = 32 on that path ran 43x
     slower than float32 on tl.dot. num_warps: one per 1024 elements of the
     largest broadcast product (KP * KP * max(KP, VP)), 1 to 16; with tl.dot at least 4, and 8 for k > 16
-    (fewer spill registers on sm_90).
+    (fewer spill registers on sm_90). PREFETCH: :data:`BROADCAST_PREFETCH` on the broadcast path for KP >= 4,
+    else 0.
     """
     kp, vp = _pow2(k), _pow2(v)
     fp64 = int(dtype == torch.float64)
@@ -425,9 +576,10 @@ def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
     if dot_kk:
         warps = max(warps, 8 if kp >= 32 else 4)
     stages = DOT_STAGES if dot_kk else 1
+    prefetch = BROADCAST_PREFETCH if not dot_kk and kp >= 4 else 0
     return {
         "KP": kp, "VP": vp, "FP64": fp64, "DOT_KK": dot_kk, "DOT_KV": dot_kv, "STAGES": stages,
-        "num_warps": warps,
+        "PREFETCH": prefetch, "num_warps": warps,
     }  # fmt: skip
 
 
