@@ -185,9 +185,9 @@ def test_half_inputs_on_the_dot_path(dtype, strategy) -> None:
 def test_broadcast_prefetch(
     monkeypatch: pytest.MonkeyPatch, prefetch: int, strategy: str, chunk, steps: int
 ) -> None:
-    """The broadcast path (tiles of 4 x 4 and up) with its loads 0, 1 or 2 steps (phase 2: chunks) ahead,
-    forward and adjoint of both ops, T and the chunk count down to below the distance (the loads past either
-    end masked); bfloat16 for the scan, float32 for the recurrence."""
+    """The broadcast path with its loads 0, 1 or 2 steps (phase 2: chunks) ahead, forward and adjoint of both
+    ops, T and the chunk count down to below the distance (the loads past either end masked); bfloat16 for
+    the scan, float32 for the recurrence."""
     monkeypatch.setattr(affine, "BROADCAST_PREFETCH", prefetch)
     assert affine._config(3, 2, torch.bfloat16)["PREFETCH"] == affine._config(5, 3, torch.float32)["PREFETCH"]
     assert affine._config(3, 2, torch.bfloat16)["PREFETCH"] == prefetch
@@ -198,8 +198,9 @@ def test_broadcast_prefetch(
         == 0
     )
     with force_strategy(strategy, chunk):
-        _check_scan((2, steps, 2, 3, 2), torch.bfloat16, torch.device("cpu"))
-        _check_recurrence((2, steps, 3, 5, 3), torch.float32, torch.device("cpu"))
+        for k in (3, 5):  # 4 x 4 tiles: the adjoint loads ahead; 8 x 8: both directions
+            _check_scan((2, steps, 2, k, 2), torch.bfloat16, torch.device("cpu"))
+            _check_recurrence((2, steps, 3, k, 3), torch.float32, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, *HALF_TYPES], ids=str)

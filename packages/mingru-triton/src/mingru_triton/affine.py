@@ -55,10 +55,11 @@ broadcast path (small tiles) keeps 1 and loads ahead instead (:data:`BROADCAST_P
 (float32)."""
 BROADCAST_PREFETCH = 2
 """Steps (chunks, in phase 2) ahead that the loops of the broadcast path (:func:`_mm` without tl.dot) load
-their inputs into registers, 0 to 2, for tiles of 4 x 4 and up (2 x 2 tiles load each step's own). On an H100
-at (B, T, n) = (4, 4096, 16) it ran k = v = 8 1.08x-1.18x faster forward and 1.00x-1.15x forward+backward
-than loading each step's own, k = v = 4 1.02x-1.22x faster forward+backward and 0.90x-1.08x forward, and
-k = v = 2 1.1x-1.4x slower (the instructions a program issues per step bind it more than its loads)."""
+their inputs into registers, 0 to 2: the forward's for tiles of 8 x 8 and up, the adjoint's for 4 x 4 and up
+(smaller ones load each step's own). On an H100 at (B, T, n) = (4, 4096, 16), against loading each step's
+own, it ran k = v = 8 1.07x-1.18x faster forward and 1.00x-1.15x forward+backward; k = v = 4 1.01x-1.22x
+faster forward+backward but 0.91x-1.07x forward; k = v = 2 1.1x-1.4x slower (the instructions a program
+issues per step bind it more than its loads)."""
 
 _forced: tuple[str, int | None] | None = None
 
@@ -564,8 +565,8 @@ def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
     The broadcast product of k = 32 spills registers: on an H200, bfloat16 k = v = 32 on that path ran 43x
     slower than float32 on tl.dot. num_warps: one per 1024 elements of the
     largest broadcast product (KP * KP * max(KP, VP)), 1 to 16; with tl.dot at least 4, and 8 for k > 16
-    (fewer spill registers on sm_90). PREFETCH: :data:`BROADCAST_PREFETCH` on the broadcast path for KP >= 4,
-    else 0.
+    (fewer spill registers on sm_90). PREFETCH: :data:`BROADCAST_PREFETCH` on the broadcast path for KP >= 4
+    (the forward takes 0 below KP = 8), else 0.
     """
     kp, vp = _pow2(k), _pow2(v)
     fp64 = int(dtype == torch.float64)
@@ -594,6 +595,8 @@ def _forward(A: Tensor, Bm: Tensor, H0: Tensor | None, Abar: Tensor | None, H: T
     if rows * steps == 0:
         return
     cfg = _config(k, v, A.dtype)
+    if cfg["KP"] < 8:
+        cfg["PREFETCH"] = 0  # 4 x 4 tiles load ahead in the adjoint only (see BROADCAST_PREFETCH)
     name, chunk = _strategy(rows, steps, num_sms(A.device), cfg["KP"])
     abar, has_h0 = int(Abar is not None), int(H0 is not None)
     h0 = H if H0 is None else H0
