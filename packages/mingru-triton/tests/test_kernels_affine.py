@@ -203,6 +203,22 @@ def test_broadcast_prefetch(
             _check_recurrence((2, steps, 3, k, 3), torch.float32, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("entries", [4, 32, 128])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@interpreted
+def test_adjoint_row_groups(monkeypatch: pytest.MonkeyPatch, entries: int, strategy: str) -> None:
+    """Adjoint programs of one to 32 rows (b, h) on the broadcast path, B * n = 11 rows (the last group
+    part empty), both ops forward and adjoint against the reference."""
+    monkeypatch.setattr(affine, "ADJOINT_GROUP_ENTRIES", entries)
+    assert affine._adjoint_group(affine._config(2, 2, torch.float32)) == max(1, entries // 4)
+    assert affine._adjoint_group(affine._config(8, 3, torch.float32)) == max(1, entries // 64)
+    assert affine._adjoint_group(affine._config(16, 16, torch.float32)) == 1
+    with force_strategy(strategy, 3):
+        for k, v in ((2, 2), (3, 1), (8, 3)):
+            _check_scan((1, 7, 11, k, v), torch.float32, torch.device("cpu"))
+            _check_recurrence((1, 7, 11, k, v), torch.float32, torch.device("cpu"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, *HALF_TYPES], ids=str)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @interpreted

@@ -53,6 +53,11 @@ DOT_STAGES = 3
 broadcast path (small tiles) keeps 1 and loads ahead instead (:data:`BROADCAST_PREFETCH`). On an H200
 (B * n = 64, T = 4096) 3 stages ran 1.06x-1.3x faster for k = 16 and 32 and up to 2x slower for k = 2
 (float32)."""
+ADJOINT_GROUP_ENTRIES = 32
+"""k x k tile entries a program of the adjoint's step kernel (:func:`_bwd_kernel`) holds over its rows on the
+broadcast path: it takes max(1, ADJOINT_GROUP_ENTRIES // KP^2) rows (b, h) at once (8 for k <= 2, 2 for
+k <= 4), so that a small tile leaves fewer lanes of a warp holding copies. Rows next to each other are
+heads of one batch entry: a group's tiles at a step lie next to each other in memory."""
 BROADCAST_PREFETCH = 2
 """Steps (chunks, in phase 2) ahead that the loops of the broadcast path (:func:`_mm` without tl.dot) load
 their inputs into registers, 0 to 2: the forward's for tiles of 8 x 8 and up, the adjoint's for 4 x 4 and up
@@ -294,47 +299,59 @@ def _carry_kernel(
 
 
 @triton.jit
+def _bmm(a, b, DOT: tl.constexpr):
+    """a (G, M, K) @ b (G, K, N), one product per group: IEEE ``tl.dot`` of the G = 1 tiles when ``DOT``,
+    else multiply + sum (written like :func:`_mm`'s, with the group axis in front)."""
+    if DOT:
+        c = tl.dot(tl.reshape(a, (a.shape[1], a.shape[2])), tl.reshape(b, (b.shape[1], b.shape[2])),
+                   input_precision="ieee")  # fmt: skip
+        c = tl.reshape(c, (1, a.shape[1], b.shape[2]))
+    else:
+        c = tl.sum(b[:, None, :, :] * a[:, :, :, None], axis=2)
+    return c
+
+
+@triton.jit
 def _bwd_loads(
-    a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, base, t, start, n, k, v,
+    a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, used, base, t, start, n, k, v,
     KP: tl.constexpr, VP: tl.constexpr,
     HAS_GA: tl.constexpr, HAS_GB: tl.constexpr, HAS_H0: tl.constexpr, SUMMARY: tl.constexpr,
 ):  # fmt: skip
-    """The adjoint's loads at step t in their input dtype, zero before ``start``: (G^A_t, G^B_t, A_t^T,
-    Abar_{t-1}^T, X_{t-1}^T (H0^T at t = 0 when HAS_H0)); A_t^T in place of one not read."""
-    rk = tl.arange(0, KP)
-    ck = tl.arange(0, KP)
-    cv = tl.arange(0, VP)
-    rv = tl.arange(0, VP)
-    m_kk = (rk[:, None] < k) & (ck[None, :] < k)
-    m_kv = (rk[:, None] < k) & (cv[None, :] < v)
-    m_vk = (rv[:, None] < v) & (ck[None, :] < k)
-    o_kk_t = rk[:, None] + ck[None, :] * k
-    o_vk_t = rv[:, None] + ck[None, :] * v
-    zero = ck[None, :] * 0
+    """The adjoint's loads at step t for the group's rows (``row`` (G, 1, 1), ``base`` their offsets at
+    t = 0) in their input dtype, zero before ``start``: (G^A_t, G^B_t, A_t^T, Abar_{t-1}^T, X_{t-1}^T (H0^T
+    at t = 0 when HAS_H0)); A_t^T in place of one not read."""
+    rk = tl.arange(0, KP)[None, :, None]
+    ck = tl.arange(0, KP)[None, None, :]
+    cv = tl.arange(0, VP)[None, None, :]
+    rv = tl.arange(0, VP)[None, :, None]
+    m_kk = used & (rk < k) & (ck < k) & (ck * 0 + t >= start)
+    m_kv = used & (rk < k) & (cv < v) & (cv * 0 + t >= start)
+    m_vk = used & (rv < v) & (ck < k) & (ck * 0 + t >= start)
+    o_kk_t = rk + ck * k
+    o_vk_t = rv + ck * v
+    zero = ck * 0
     step = base + t * n
     prev = step - n
-    live = zero + t >= start
-    a_t = tl.load(a_ptr + step * k * k + o_kk_t, mask=m_kk & live, other=0.0)
+    a_t = tl.load(a_ptr + step * k * k + o_kk_t, mask=m_kk, other=0.0)
     g_a = a_t
     g_b = a_t
     abar_t = a_t
     x_t = a_t
     if HAS_GA:
-        g_a = tl.load(ga_ptr + step * k * k + rk[:, None] * k + ck[None, :], mask=m_kk & live, other=0.0)
+        g_a = tl.load(ga_ptr + step * k * k + rk * k + ck, mask=m_kk, other=0.0)
     if HAS_GB:
-        live_kv = m_kv & (cv[None, :] * 0 + t >= start)
-        g_b = tl.load(gb_ptr + step * k * v + rk[:, None] * v + cv[None, :], mask=live_kv, other=0.0)
+        g_b = tl.load(gb_ptr + step * k * v + rk * v + cv, mask=m_kv, other=0.0)
     if not SUMMARY:
         if HAS_GA:
-            abar_t = tl.load(abar_ptr + prev * k * k + o_kk_t, mask=m_kk & live & (zero + t > 0), other=0.0)
+            abar_t = tl.load(abar_ptr + prev * k * k + o_kk_t, mask=m_kk & (zero + t > 0), other=0.0)
         if HAS_GB:
             x_offs = x_ptr + prev * k * v + o_vk_t
             if HAS_H0:
                 # one load of X_{t-1} or H0 (same dtype): a sum of two would wait on both
                 x_offs = tl.where(zero + t == 0, h0_ptr + row * k * v + o_vk_t, x_offs)
-                x_t = tl.load(x_offs, mask=m_vk & live, other=0.0)
+                x_t = tl.load(x_offs, mask=m_vk, other=0.0)
             else:
-                x_t = tl.load(x_offs, mask=m_vk & live & (zero + t > 0), other=0.0)
+                x_t = tl.load(x_offs, mask=m_vk & (zero + t > 0), other=0.0)
     return g_a, g_b, a_t, abar_t, x_t
 
 
@@ -360,8 +377,10 @@ def _bwd_kernel(
     NC,
     NL,
     C0,
+    R,
     KP: tl.constexpr,
     VP: tl.constexpr,
+    GROUP: tl.constexpr,
     FP64: tl.constexpr,
     DOT_KK: tl.constexpr,
     DOT_KV: tl.constexpr,
@@ -374,7 +393,8 @@ def _bwd_kernel(
     STAGES: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
-    """Adjoint, one program per (row, chunk), steps [c * chunk, min(T, (c + 1) * chunk)) in reverse.
+    """Adjoint, one program per (GROUP of the R rows, chunk), steps [c * chunk, min(T, (c + 1) * chunk)) in
+    reverse.
 
     L^A (when HAS_GA) and L^B (when HAS_GB) start at 0, or at the carries (sa, sb) of this chunk when CARRY;
     L_t = A_{t+1}^T L_{t+1} + G_t. Without SUMMARY writes dB_t = L^B_t and
@@ -383,85 +403,84 @@ def _bwd_kernel(
     """
     ACC = tl.float64 if FP64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
-    row = pid // NL
     c = pid % NL + C0
+    row = ((pid // NL) * GROUP + tl.arange(0, GROUP))[:, None, None]
+    used = row < R
     slot = row * NC + c
-    b = row // n
-    h = row % n
+    base = (row // n) * T * n + row % n
     start = c * chunk
     end = tl.minimum(start + chunk, T)
-    rk = tl.arange(0, KP)
-    ck = tl.arange(0, KP)
-    cv = tl.arange(0, VP)
-    rv = tl.arange(0, VP)
-    m_kk = (rk[:, None] < k) & (ck[None, :] < k)
-    m_kv = (rk[:, None] < k) & (cv[None, :] < v)
-    m_vk = (rv[:, None] < v) & (ck[None, :] < k)
-    o_kk = rk[:, None] * k + ck[None, :]
-    o_kk_t = rk[:, None] + ck[None, :] * k
-    o_kv = rk[:, None] * v + cv[None, :]
-    o_vk_t = rv[:, None] + ck[None, :] * v
-    s_kk = slot * KP * KP + rk[:, None] * KP + ck[None, :]
-    s_kv = slot * KP * VP + rk[:, None] * VP + cv[None, :]
+    rk = tl.arange(0, KP)[None, :, None]
+    ck = tl.arange(0, KP)[None, None, :]
+    cv = tl.arange(0, VP)[None, None, :]
+    rv = tl.arange(0, VP)[None, :, None]
+    m_kk = used & (rk < k) & (ck < k)
+    m_kv = used & (rk < k) & (cv < v)
+    m_vk = used & (rv < v) & (ck < k)
+    o_kk = rk * k + ck
+    o_kk_t = rk + ck * k
+    o_kv = rk * v + cv
+    o_vk_t = rv + ck * v
+    s_kk = slot * KP * KP + rk * KP + ck
+    s_kv = slot * KP * VP + rk * VP + cv
     kk = k * k
     kv = k * v
-    base = b * T * n + h
-    eye = (rk[:, None] == ck[None, :]).to(ACC)
-    zero = ck[None, :] * 0  # scalar conditions are broadcast to tiles (the interpreter needs tensor masks)
+    eye = (rk == ck).to(ACC)
+    zero = ck * 0  # scalar conditions are broadcast to tiles (the interpreter needs tensor masks)
 
     after = base + end * n
     a_next = tl.load(a_ptr + after * kk + o_kk_t, mask=m_kk & (zero + end < T), other=0.0).to(ACC)
-    la = tl.zeros((KP, KP), dtype=ACC)
-    lb = tl.zeros((KP, VP), dtype=ACC)
-    prod = eye
+    la = tl.zeros((GROUP, KP, KP), dtype=ACC)
+    lb = tl.zeros((GROUP, KP, VP), dtype=ACC)
+    prod = la + eye
     if CARRY:
         if HAS_GA:
-            la = tl.load(sa_ptr + s_kk)
+            la = tl.load(sa_ptr + s_kk, mask=used, other=0.0)
         if HAS_GB:
-            lb = tl.load(sb_ptr + s_kv)
+            lb = tl.load(sb_ptr + s_kv, mask=used, other=0.0)
 
     if PREFETCH >= 1:
-        ahead1 = _bwd_loads(a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, base, end - 1, start, n,
-                            k, v, KP, VP, HAS_GA, HAS_GB, HAS_H0, SUMMARY)  # fmt: skip
+        ahead1 = _bwd_loads(a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, used, base, end - 1, start,
+                            n, k, v, KP, VP, HAS_GA, HAS_GB, HAS_H0, SUMMARY)  # fmt: skip
     if PREFETCH >= 2:
-        ahead2 = _bwd_loads(a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, base, end - 2, start, n,
-                            k, v, KP, VP, HAS_GA, HAS_GB, HAS_H0, SUMMARY)  # fmt: skip
+        ahead2 = _bwd_loads(a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, used, base, end - 2, start,
+                            n, k, v, KP, VP, HAS_GA, HAS_GB, HAS_H0, SUMMARY)  # fmt: skip
     for i in tl.range(0, end - start, num_stages=STAGES):
         t = end - 1 - i
         step = base + t * n
         if PREFETCH == 0:
             if HAS_GA:
-                la = _mm(a_next, la, DOT_KK)
+                la = _bmm(a_next, la, DOT_KK)
                 la += tl.load(ga_ptr + step * kk + o_kk, mask=m_kk, other=0.0).to(ACC)
             if HAS_GB:
-                lb = _mm(a_next, lb, DOT_KV)
+                lb = _bmm(a_next, lb, DOT_KV)
                 lb += tl.load(gb_ptr + step * kv + o_kv, mask=m_kv, other=0.0).to(ACC)
         else:
             g_a, g_b, a_t, abar_t, x_t = ahead1
-            nxt = _bwd_loads(a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, base, t - PREFETCH, start,
-                             n, k, v, KP, VP, HAS_GA, HAS_GB, HAS_H0, SUMMARY)  # fmt: skip
+            nxt = _bwd_loads(a_ptr, abar_ptr, x_ptr, h0_ptr, ga_ptr, gb_ptr, row, used, base, t - PREFETCH,
+                             start, n, k, v, KP, VP, HAS_GA, HAS_GB, HAS_H0, SUMMARY)  # fmt: skip
             if PREFETCH == 1:
                 ahead1 = nxt
             else:
                 ahead1 = ahead2
                 ahead2 = nxt
             if HAS_GA:
-                la = _mm(a_next, la, DOT_KK) + g_a.to(ACC)
+                la = _bmm(a_next, la, DOT_KK) + g_a.to(ACC)
             if HAS_GB:
-                lb = _mm(a_next, lb, DOT_KV) + g_b.to(ACC)
+                lb = _bmm(a_next, lb, DOT_KV) + g_b.to(ACC)
         if SUMMARY:
-            prod = _mm(a_next, prod, DOT_KK)
+            prod = _bmm(a_next, prod, DOT_KK)
         if PREFETCH == 0:
             a_next = tl.load(a_ptr + step * kk + o_kk_t, mask=m_kk, other=0.0).to(ACC)
         else:
             a_next = a_t.to(ACC)
         if not SUMMARY:
             prev = step - n
-            d_a = tl.zeros((KP, KP), dtype=ACC)
+            d_a = tl.zeros((GROUP, KP, KP), dtype=ACC)
             if HAS_GA:
                 if PREFETCH == 0:
                     abar_t = tl.load(abar_ptr + prev * kk + o_kk_t, mask=m_kk & (zero + t > 0), other=0.0)
-                d_a += _mm(la, tl.where(zero + t > 0, abar_t.to(ACC), eye), DOT_KK)
+                d_a += _bmm(la, tl.where(zero + t > 0, abar_t.to(ACC), eye), DOT_KK)
             if HAS_GB:
                 if PREFETCH == 0:
                     x_t = tl.load(x_ptr + prev * kv + o_vk_t, mask=m_vk & (zero + t > 0), other=0.0).to(ACC)
@@ -469,23 +488,19 @@ def _bwd_kernel(
                         x_t += tl.load(h0_ptr + row * kv + o_vk_t, mask=m_vk & (zero + t == 0), other=0.0).to(
                             ACC
                         )
-                d_a += _mm(lb, x_t.to(ACC), DOT_KV)
+                d_a += _bmm(lb, x_t.to(ACC), DOT_KV)
                 tl.store(db_ptr + step * kv + o_kv, lb.to(db_ptr.dtype.element_ty), mask=m_kv)
             tl.store(da_ptr + step * kk + o_kk, d_a.to(da_ptr.dtype.element_ty), mask=m_kk)
 
     if SUMMARY:
-        tl.store(sp_ptr + s_kk, prod)
+        tl.store(sp_ptr + s_kk, prod, mask=used)
         if HAS_GA:
-            tl.store(sa_ptr + s_kk, la)
+            tl.store(sa_ptr + s_kk, la, mask=used)
         if HAS_GB:
-            tl.store(sb_ptr + s_kv, lb)
+            tl.store(sb_ptr + s_kv, lb, mask=used)
     if WRITE_DH0:
-        dh0 = _mm(a_next, lb, DOT_KV)
-        tl.store(
-            dh0_ptr + row * kv + o_kv,
-            dh0.to(dh0_ptr.dtype.element_ty),
-            mask=m_kv & (cv[None, :] * 0 + c == 0),
-        )
+        dh0 = _bmm(a_next, lb, DOT_KV)
+        tl.store(dh0_ptr + row * kv + o_kv, dh0.to(dh0_ptr.dtype.element_ty), mask=m_kv & (cv * 0 + c == 0))
 
 
 # ------------------------------------------------------------------------------------------ heuristics
@@ -646,26 +661,34 @@ def _backward(
     ptrs = tuple(dA if x is None else x for x in (Abar, X, H0, gA, gB))
     outs = (dA, dB, dA if dH0 is None else dH0)
     dims = (steps, heads, k, v)
+    group = _adjoint_group(cfg)
+    blocks = cdiv(rows, group)
     ends = {"HAS_H0": int(H0 is not None), "WRITE_DH0": int(dH0 is not None), "SUMMARY": 0}
     if name == "sequential":
-        args: tuple[Any, ...] = (A, *ptrs, *outs, dA, dA, dA, *dims, steps, 1, 1, 0)
-        launch(_bwd_kernel, (rows,), *args, CARRY=0, **ends, **has, **cfg)
+        args: tuple[Any, ...] = (A, *ptrs, *outs, dA, dA, dA, *dims, steps, 1, 1, 0, rows)
+        launch(_bwd_kernel, (blocks,), *args, CARRY=0, GROUP=group, **ends, **has, **cfg)
         return
     nc = cdiv(steps, chunk)
     tracked = (True, gA is not None, gB is not None)
     sp, sa, sb = _buffers(rows * nc, cfg, A, tracked)
     _, ca, cb = _buffers(rows * nc, cfg, A, (False, *tracked[1:]))
     # phase 1: chunks 1 .. nc - 1 summarise themselves (chunk 0's summary is never used)
-    args = (A, *ptrs, *outs, sp, sa, sb, *dims, chunk, nc, nc - 1, 1)
+    args = (A, *ptrs, *outs, sp, sa, sb, *dims, chunk, nc, nc - 1, 1, rows)
     summary = {"HAS_H0": 0, "WRITE_DH0": 0, "SUMMARY": 1}
-    launch(_bwd_kernel, (rows * (nc - 1),), *args, CARRY=0, **summary, **has, **cfg)
+    launch(_bwd_kernel, (blocks * (nc - 1),), *args, CARRY=0, GROUP=group, **summary, **has, **cfg)
     # phase 2: carries in reverse chunk order from L = 0
     args = (dA, sp, sa, sb, ca, cb, heads, k, v, nc)
     scan = {"TRACK_A": has["HAS_GA"], "TRACK_B": has["HAS_GB"], "ADD_A": 1, "EYE_A": 0, "HAS_H0": 0}
     launch(_carry_kernel, (rows,), *args, REVERSE=1, **scan, **cfg)
     # phase 3: every chunk replays from its carry
-    args = (A, *ptrs, *outs, sp, ca, cb, *dims, chunk, nc, nc, 0)
-    launch(_bwd_kernel, (rows * nc,), *args, CARRY=1, **ends, **has, **cfg)
+    args = (A, *ptrs, *outs, sp, ca, cb, *dims, chunk, nc, nc, 0, rows)
+    launch(_bwd_kernel, (blocks * nc,), *args, CARRY=1, GROUP=group, **ends, **has, **cfg)
+
+
+def _adjoint_group(cfg: dict[str, int]) -> int:
+    """Rows per program of the adjoint's step kernel: max(1, :data:`ADJOINT_GROUP_ENTRIES` // KP^2) on the
+    broadcast path, 1 with tl.dot."""
+    return 1 if cfg["DOT_KK"] else max(1, ADJOINT_GROUP_ENTRIES // (cfg["KP"] * cfg["KP"]))
 
 
 def _buffers(slots: int, cfg: dict[str, int], like: Tensor, wanted: tuple[bool, ...]) -> tuple[Tensor, ...]:
