@@ -7,7 +7,9 @@ dA_t = L^A_t Abar_{t-1}^T + L^B_t X_{t-1}^T with X = Bbar (X_0 = 0) or H (X_0 = 
 
 Every step multiplies small register tiles padded to powers of two (at least 2). Products use ``tl.dot``
 in IEEE float32 when all tile sides are >= 16 and the input is not float64, else a broadcast multiply and
-sum. Carries are float32 (float64 for float64 inputs).
+sum; on that broadcast path the step loops load their inputs ahead (:data:`BROADCAST_PREFETCH`) and the
+adjoint's step kernel holds several (batch, head) rows per program (:data:`ADJOINT_GROUP_ENTRIES`). Carries
+are float32 (float64 for float64 inputs).
 
 Envelope: k <= 32 and v <= 64 (:func:`affine_envelope`). Strategies (:func:`_strategy`): "sequential", one
 program per (batch, head) walking T; "chunked", three launches: phase 1 summarises each time chunk (its
@@ -485,9 +487,8 @@ def _bwd_kernel(
                 if PREFETCH == 0:
                     x_t = tl.load(x_ptr + prev * kv + o_vk_t, mask=m_vk & (zero + t > 0), other=0.0).to(ACC)
                     if HAS_H0:
-                        x_t += tl.load(h0_ptr + row * kv + o_vk_t, mask=m_vk & (zero + t == 0), other=0.0).to(
-                            ACC
-                        )
+                        x_h0 = tl.load(h0_ptr + row * kv + o_vk_t, mask=m_vk & (zero + t == 0), other=0.0)
+                        x_t += x_h0.to(ACC)
                 d_a += _bmm(lb, x_t.to(ACC), DOT_KV)
                 tl.store(db_ptr + step * kv + o_kv, lb.to(db_ptr.dtype.element_ty), mask=m_kv)
             tl.store(da_ptr + step * kk + o_kk, d_a.to(da_ptr.dtype.element_ty), mask=m_kk)
