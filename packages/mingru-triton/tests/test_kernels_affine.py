@@ -185,18 +185,17 @@ def test_half_inputs_on_the_dot_path(dtype, strategy) -> None:
 def test_broadcast_prefetch(
     monkeypatch: pytest.MonkeyPatch, prefetch: int, strategy: str, chunk, steps: int
 ) -> None:
-    """The broadcast path with its loads 0, 1 or 2 steps (phase 2: chunks) ahead, forward and adjoint of both
-    ops, T and the chunk count down to below the distance (the loads past either end masked); bfloat16 for
-    the scan, float32 for the recurrence."""
+    """The broadcast path's step loops with their loads 0, 1 or 2 steps ahead, forward and adjoint of both
+    ops, T down to below the distance (the loads past either end masked), chunked and not; bfloat16 for the
+    scan, float32 for the recurrence."""
     monkeypatch.setattr(affine, "BROADCAST_PREFETCH", prefetch)
-    assert affine._config(3, 2, torch.bfloat16)["PREFETCH"] == affine._config(5, 3, torch.float32)["PREFETCH"]
-    assert affine._config(3, 2, torch.bfloat16)["PREFETCH"] == prefetch
-    # 2 x 2 tiles and the tl.dot path load each step's own
-    assert (
-        affine._config(2, 2, torch.float32)["PREFETCH"]
-        == affine._config(16, 16, torch.bfloat16)["PREFETCH"]
-        == 0
-    )
+    cfg = {k: affine._config(k, 3, torch.bfloat16) for k in (2, 3, 5)}
+    assert affine._prefetch(cfg[3], adjoint=True) == affine._prefetch(cfg[5], adjoint=False) == prefetch
+    assert affine._prefetch(cfg[5], adjoint=True) == prefetch
+    # 4 x 4 tiles load ahead in the adjoint only; 2 x 2 tiles and the tl.dot path load each step's own
+    assert affine._prefetch(cfg[3], adjoint=False) == affine._prefetch(cfg[2], adjoint=True) == 0
+    dot = affine._config(16, 16, torch.bfloat16)
+    assert affine._prefetch(dot, adjoint=False) == affine._prefetch(dot, adjoint=True) == 0
     with force_strategy(strategy, chunk):
         for k in (3, 5):  # 4 x 4 tiles: the adjoint loads ahead; 8 x 8: both directions
             _check_scan((2, steps, 2, k, 2), torch.bfloat16, torch.device("cpu"))

@@ -61,12 +61,12 @@ broadcast path: it takes max(1, ADJOINT_GROUP_ENTRIES // KP^2) rows (b, h) at on
 k <= 4), so that a small tile leaves fewer lanes of a warp holding copies. Rows next to each other are
 heads of one batch entry: a group's tiles at a step lie next to each other in memory."""
 BROADCAST_PREFETCH = 2
-"""Steps (chunks, in phase 2) ahead that the loops of the broadcast path (:func:`_mm` without tl.dot) load
-their inputs into registers, 0 to 2: the forward's for tiles of 8 x 8 and up, the adjoint's for 4 x 4 and up
-(smaller ones load each step's own). On an H100 at (B, T, n) = (4, 4096, 16), against loading each step's
-own, it ran k = v = 8 1.07x-1.18x faster forward and 1.00x-1.15x forward+backward; k = v = 4 1.01x-1.22x
-faster forward+backward but 0.91x-1.07x forward; k = v = 2 1.1x-1.4x slower (the instructions a program
-issues per step bind it more than its loads)."""
+"""Steps (chunks, in the carries) ahead that the loops of the broadcast path (:func:`_mm` without tl.dot)
+load their inputs into registers, 0 to 2: the forward's for tiles of 8 x 8 and up, the adjoint's for 4 x 4
+and up (:func:`_prefetch`; smaller ones load each step's own). On an H100 at (B, T, n) = (4, 4096, 16),
+against loading each step's own, it ran k = v = 8 1.07x-1.18x faster forward and 1.00x-1.15x
+forward+backward; k = v = 4 1.01x-1.22x faster forward+backward but 0.91x-1.07x forward; k = v = 2
+1.1x-1.4x slower (the instructions a program issues per step bind it more than its loads)."""
 
 _forced: tuple[str, int | None] | None = None
 
@@ -581,8 +581,7 @@ def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
     The broadcast product of k = 32 spills registers: on an H200, bfloat16 k = v = 32 on that path ran 43x
     slower than float32 on tl.dot. num_warps: one per 1024 elements of the
     largest broadcast product (KP * KP * max(KP, VP)), 1 to 16; with tl.dot at least 4, and 8 for k > 16
-    (fewer spill registers on sm_90). PREFETCH: :data:`BROADCAST_PREFETCH` on the broadcast path for KP >= 4
-    (the forward takes 0 below KP = 8), else 0.
+    (fewer spill registers on sm_90).
     """
     kp, vp = _pow2(k), _pow2(v)
     fp64 = int(dtype == torch.float64)
@@ -593,11 +592,18 @@ def _config(k: int, v: int, dtype: torch.dtype) -> dict[str, int]:
     if dot_kk:
         warps = max(warps, 8 if kp >= 32 else 4)
     stages = DOT_STAGES if dot_kk else 1
-    prefetch = BROADCAST_PREFETCH if not dot_kk and kp >= 4 else 0
     return {
         "KP": kp, "VP": vp, "FP64": fp64, "DOT_KK": dot_kk, "DOT_KV": dot_kv, "STAGES": stages,
-        "PREFETCH": prefetch, "num_warps": warps,
+        "num_warps": warps,
     }  # fmt: skip
+
+
+def _prefetch(cfg: dict[str, int], adjoint: bool) -> int:
+    """PREFETCH of the forward's or the adjoint's kernels (steps and carries): :data:`BROADCAST_PREFETCH` on
+    the broadcast path from 8 x 8 tiles (forward) or 4 x 4 tiles (adjoint) up, else 0."""
+    if cfg["DOT_KK"] or cfg["KP"] < (4 if adjoint else 8):
+        return 0
+    return BROADCAST_PREFETCH
 
 
 # ---------------------------------------------------------------------------------------------- drivers
@@ -611,8 +617,7 @@ def _forward(A: Tensor, Bm: Tensor, H0: Tensor | None, Abar: Tensor | None, H: T
     if rows * steps == 0:
         return
     cfg = _config(k, v, A.dtype)
-    if cfg["KP"] < 8:
-        cfg["PREFETCH"] = 0  # 4 x 4 tiles load ahead in the adjoint only (see BROADCAST_PREFETCH)
+    prefetch = _prefetch(cfg, adjoint=False)
     name, chunk = _strategy(rows, steps, num_sms(A.device), cfg["KP"])
     abar, has_h0 = int(Abar is not None), int(H0 is not None)
     h0 = H if H0 is None else H0
@@ -621,7 +626,7 @@ def _forward(A: Tensor, Bm: Tensor, H0: Tensor | None, Abar: Tensor | None, H: T
     write = {"TRACK_P": abar, "WRITE_ABAR": abar, "WRITE_H": 1, "SUMMARY": 0}
     if name == "sequential":
         args: tuple[Any, ...] = (A, Bm, h0, out_a, H, H, H, *dims, steps, 1, 1, 0)
-        launch(_fwd_kernel, (rows,), *args, CARRY=0, HAS_H0=has_h0, **write, **cfg)
+        launch(_fwd_kernel, (rows,), *args, CARRY=0, HAS_H0=has_h0, PREFETCH=prefetch, **write, **cfg)
         return
     nc = cdiv(steps, chunk)
     sp, sb = _buffers(rows * nc, cfg, A, (True, True))
@@ -629,14 +634,14 @@ def _forward(A: Tensor, Bm: Tensor, H0: Tensor | None, Abar: Tensor | None, H: T
     # phase 1: chunks 0 .. nc - 2 summarise themselves (the last one's summary is never used)
     args = (A, Bm, H, H, H, sp, sb, *dims, chunk, nc, nc - 1, 0)
     summary = {"TRACK_P": 1, "WRITE_ABAR": 0, "WRITE_H": 0, "SUMMARY": 1}
-    launch(_fwd_kernel, (rows * (nc - 1),), *args, CARRY=0, HAS_H0=0, **summary, **cfg)
+    launch(_fwd_kernel, (rows * (nc - 1),), *args, CARRY=0, HAS_H0=0, PREFETCH=prefetch, **summary, **cfg)
     # phase 2: carries in chunk order from (I, H0)
     args = (h0, sp, sp, sb, ca, cb, heads, k, v, nc)
     scan = {"TRACK_A": abar, "TRACK_B": 1, "ADD_A": 0, "EYE_A": 1, "HAS_H0": has_h0, "REVERSE": 0}
-    launch(_carry_kernel, (rows,), *args, **scan, **cfg)
+    launch(_carry_kernel, (rows,), *args, PREFETCH=prefetch, **scan, **cfg)
     # phase 3: every chunk replays from its carry
     args = (A, Bm, H, out_a, H, ca, cb, *dims, chunk, nc, nc, 0)
-    launch(_fwd_kernel, (rows * nc,), *args, CARRY=1, HAS_H0=0, **write, **cfg)
+    launch(_fwd_kernel, (rows * nc,), *args, CARRY=1, HAS_H0=0, PREFETCH=prefetch, **write, **cfg)
 
 
 def _backward(
@@ -662,12 +667,12 @@ def _backward(
     ptrs = tuple(dA if x is None else x for x in (Abar, X, H0, gA, gB))
     outs = (dA, dB, dA if dH0 is None else dH0)
     dims = (steps, heads, k, v)
-    group = _adjoint_group(cfg)
-    blocks = cdiv(rows, group)
+    step_meta = {"GROUP": _adjoint_group(cfg), "PREFETCH": _prefetch(cfg, adjoint=True), **cfg}
+    blocks = cdiv(rows, step_meta["GROUP"])
     ends = {"HAS_H0": int(H0 is not None), "WRITE_DH0": int(dH0 is not None), "SUMMARY": 0}
     if name == "sequential":
         args: tuple[Any, ...] = (A, *ptrs, *outs, dA, dA, dA, *dims, steps, 1, 1, 0, rows)
-        launch(_bwd_kernel, (blocks,), *args, CARRY=0, GROUP=group, **ends, **has, **cfg)
+        launch(_bwd_kernel, (blocks,), *args, CARRY=0, **ends, **has, **step_meta)
         return
     nc = cdiv(steps, chunk)
     tracked = (True, gA is not None, gB is not None)
@@ -676,14 +681,14 @@ def _backward(
     # phase 1: chunks 1 .. nc - 1 summarise themselves (chunk 0's summary is never used)
     args = (A, *ptrs, *outs, sp, sa, sb, *dims, chunk, nc, nc - 1, 1, rows)
     summary = {"HAS_H0": 0, "WRITE_DH0": 0, "SUMMARY": 1}
-    launch(_bwd_kernel, (blocks * (nc - 1),), *args, CARRY=0, GROUP=group, **summary, **has, **cfg)
+    launch(_bwd_kernel, (blocks * (nc - 1),), *args, CARRY=0, **summary, **has, **step_meta)
     # phase 2: carries in reverse chunk order from L = 0
     args = (dA, sp, sa, sb, ca, cb, heads, k, v, nc)
     scan = {"TRACK_A": has["HAS_GA"], "TRACK_B": has["HAS_GB"], "ADD_A": 1, "EYE_A": 0, "HAS_H0": 0}
-    launch(_carry_kernel, (rows,), *args, REVERSE=1, **scan, **cfg)
+    launch(_carry_kernel, (rows,), *args, REVERSE=1, PREFETCH=step_meta["PREFETCH"], **scan, **cfg)
     # phase 3: every chunk replays from its carry
     args = (A, *ptrs, *outs, sp, ca, cb, *dims, chunk, nc, nc, 0, rows)
-    launch(_bwd_kernel, (blocks * nc,), *args, CARRY=1, GROUP=group, **ends, **has, **cfg)
+    launch(_bwd_kernel, (blocks * nc,), *args, CARRY=1, **ends, **has, **step_meta)
 
 
 def _adjoint_group(cfg: dict[str, int]) -> int:
