@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 pytest.importorskip("mingru_triton.linear")
 
 from mingru.scans.angle import default_angle_layout
-from mingru_triton import _launch, _recipes, angle, gated, linear, log
+from mingru_triton import _launch, _recipes, affine, angle, gated, linear, log
 
 
 class _Driver:
@@ -290,6 +290,80 @@ class _Subclass(Tensor):
     pass
 
 
+def _affine_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> list[Tensor]:
+    """A (B, T, n, k, k) near 0.45 I, Bm (B, T, n, k, v), H0 (B, n, k, v), and two output grads (like A,
+    like Bm) of a matrix affine scan."""
+    batch, steps, heads, k, v = shape
+    gen = torch.Generator().manual_seed(steps + k)
+    A = torch.randn(batch, steps, heads, k, k, generator=gen) * (0.45 / k**0.5) + 0.45 * torch.eye(k)
+    Bm, g_b = (torch.randn(shape, generator=gen) for _ in range(2))
+    H0 = torch.randn(batch, heads, k, v, generator=gen)
+    g_a = torch.randn(A.shape, generator=gen)
+    return [x.to(device, dtype) for x in (A, Bm, H0, g_a, g_b)]
+
+
+def _affine_calls(inputs: list[Tensor]) -> tuple[Tensor, ...]:
+    """Every affine body once, eagerly as an op's body runs: the recurrence and its adjoint, the scan and its
+    adjoint."""
+    A, Bm, H0, g_a, g_b = inputs
+    run = _launch._run_eagerly
+    H = run(affine._recurrence_fwd, (A, Bm, H0))
+    d_rec = run(affine._recurrence_bwd, (A, H0, H, g_b))
+    Abar, Bbar = run(affine._scan_fwd, (A, Bm))
+    return (H, *d_rec, Abar, Bbar, *run(affine._scan_bwd, (A, Abar, Bbar, g_a, g_b)))
+
+
+_AFFINE_BODIES = ("_recurrence_fwd", "_recurrence_bwd", "_scan_fwd", "_scan_bwd")
+_AFFINE_NAMES = ("H", "dA", "dB", "dH0", "Abar", "Bbar", "scan dA", "scan dB")
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("steps", [7, 130])  # the sequential and chunked plans
+def test_affine_bodies_replay_their_launches(
+    fake_cache: None, monkeypatch: pytest.MonkeyPatch, steps: int
+) -> None:
+    """The affine bodies do nothing but allocate and launch: recorded at the second call of a kind, replayed
+    at the third with the bits of the first (the body; kernels interpreted, on CPU)."""
+    monkeypatch.setattr(affine, "launch", _recorded_launch)
+    _recipes.clear()
+    inputs = _affine_inputs((1, steps, 3, 3, 2), torch.float32, torch.device("cpu"))
+    assert affine._strategy(3, steps, affine.num_sms(inputs[0].device), 4)[0] == (
+        "sequential" if steps == 7 else "chunked"
+    )
+    results = [_affine_calls(inputs) for _ in range(3)]
+    for name in _AFFINE_BODIES:
+        body = getattr(affine, name)
+        assert _replays(body.recipes) == 1, f"{name}: {body.recipes.why}"
+    for later in results[1:]:
+        for name, got, want in zip(_AFFINE_NAMES, later, results[0], strict=True):
+            assert torch.equal(got, want), name
+
+
+@marked(on_interpreter)
+def test_affine_case_holds_only_for_valid_inputs(fake_cache: None) -> None:
+    """The one-pass input test of the affine ops: a key for valid inputs, False for every kind of wrong one
+    (the detailed checks then name it)."""
+    A, Bm, H0, g_a, g_b = _affine_inputs((2, 5, 3, 4, 3), torch.float32, torch.device("cpu"))
+    assert affine._case(A, Bm, (g_a,), (g_b,), H0) == (torch.Size((2, 5, 3, 4, 4)), 3, torch.float32)
+    wrong = {
+        "A not square": (A[..., :3], Bm, (), (), None),
+        "Bm's steps": (A, Bm[:, :4], (), (), None),
+        "Bm's dtype": (A, Bm.double(), (), (), None),
+        "k past the envelope": (torch.randn(1, 2, 1, 33, 33), torch.randn(1, 2, 1, 33, 1), (), (), None),
+        "v past the envelope": (A, torch.randn(2, 5, 3, 4, 65), (), (), None),
+        "empty": (A[:, :0], Bm[:, :0], (), (), None),
+        "a grad like A of another shape": (A, Bm, (g_a[:1],), (), None),
+        "a grad like Bm of another dtype": (A, Bm, (), (g_b.double(),), None),
+        "a None grad": (A, Bm, (None,), (), None),
+        "H0's shape": (A, Bm, (), (), H0[:1]),
+        "H0 on another device": (A, Bm, (), (), H0.to("meta")),
+        "a subclass": (A.as_subclass(_Subclass), Bm, (), (), None),
+        "A not a tensor": (A.tolist(), Bm, (), (), None),
+    }
+    for name, args in wrong.items():
+        assert not affine._case(*args), name
+
+
 def _gated_inputs(kind: int, steps: int, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
     """pre (3, T, G 8), h0 (3, 8), a gradient of the states as a time slice of a longer tensor with
     16-byte aligned rows, and d final, of recurrence ``kind``."""
@@ -467,3 +541,21 @@ def test_recorded_gated_bodies_give_the_bits_of_triton_launches(steps: int, dtyp
                 assert torch.equal(have, expected), f"{kind_name}: {name}"
         for body in gated._BODIES[kind]:
             assert _replays(body.recipes) == 1, f"{kind_name}: {body.recipes.why}"
+
+
+@marked(on_cuda)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4, 4096, 16, 2, 2), (2, 300, 3, 4, 3), (1, 37, 2, 16, 16)])
+def test_recorded_affine_bodies_give_the_bits_of_triton_launches(
+    shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    _recipes.clear()
+    inputs = _affine_inputs(shape, dtype, torch.device("cuda"))
+    with _launch.via_triton():
+        want = _affine_calls(inputs)
+    for _ in range(3):
+        for name, have, expected in zip(_AFFINE_NAMES, _affine_calls(inputs), want, strict=True):
+            assert torch.equal(have, expected), name
+    for name in _AFFINE_BODIES:
+        body = getattr(affine, name)
+        assert _replays(body.recipes) == 1, f"{name}: {body.recipes.why}"

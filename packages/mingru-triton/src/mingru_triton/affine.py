@@ -31,7 +31,17 @@ from torch.library import triton_op
 
 from mingru._checks import check_float_tensor, check_same_device_dtype, check_shape
 from mingru_triton import _recipes
-from mingru_triton._launch import cdiv, eager_path, launch, next_pow2, num_sms, on_kernel_device, sqrt_chunk
+from mingru_triton._launch import (
+    _PLAIN,
+    FLOAT_DTYPES,
+    cdiv,
+    eager_path,
+    launch,
+    next_pow2,
+    num_sms,
+    on_kernel_device,
+    sqrt_chunk,
+)
 
 __all__ = [
     "affine_envelope",
@@ -701,8 +711,10 @@ def _buffers(slots: int, cfg: dict[str, int], like: Tensor, wanted: tuple[bool, 
     """Per-(row, chunk) summary or carry tiles in the accumulation dtype: a (slots, KP, KP) tile for a
     wanted k x k entry and a (slots, KP, VP) tile for the last; an unwanted entry is a placeholder."""
     dtype = torch.float64 if cfg["FP64"] else torch.float32
-    placeholder = like.new_empty((1,), dtype=dtype)
     sides = [cfg["KP"]] * (len(wanted) - 1) + [cfg["VP"]]
+    # a placeholder only where one is used: one allocated and dropped here would leave its address to the next
+    # allocation, which launch recipes cannot tell from it (the CUDA allocator hands it out again at once)
+    placeholder = like if all(wanted) else like.new_empty((1,), dtype=dtype)
     return tuple(
         like.new_empty((slots, cfg["KP"], side), dtype=dtype) if want else placeholder
         for want, side in zip(wanted, sides, strict=True)
@@ -751,6 +763,40 @@ def _check_state(name: str, value: object, A: Tensor, v: int) -> Tensor:
     return value
 
 
+def _case(
+    A: Any, X: Any, like_a: tuple[Any, ...] = (), like_x: tuple[Any, ...] = (), state: Any = None
+) -> Any:
+    """The recipe key of common, valid inputs, else False: plain tensors A (B, T, n, k, k) and X (B, T, n, k,
+    v) of one floating dtype on one CUDA device (a device type recipes serve), within
+    :func:`affine_envelope`, none empty; each of ``like_a`` like A, each of ``like_x`` like X, and ``state``
+    (unless None) a (B, n, k, v) tensor of their dtype and device. The key is (A's shape, v, the dtype).
+    Where it holds, an op's body runs only to be recorded: its detailed checks name what is wrong."""
+    if type(A) not in _PLAIN or type(X) not in _PLAIN or A.dim() != 5 or X.dim() != 5:
+        return False
+    dtype = A.dtype
+    if dtype not in FLOAT_DTYPES or X.dtype != dtype:
+        return False
+    cuda, index = A.is_cuda, A.get_device()
+    if not cuda and A.device.type not in _recipes._DEVICES:
+        return False
+    batch, steps, heads, k, k2 = shape = A.shape
+    v = X.shape[-1]
+    if k != k2 or X.shape[:4] != shape[:4] or not (1 <= k <= MAX_K and 1 <= v <= MAX_V):
+        return False
+    if batch * steps * heads == 0 or batch * heads >= 2**31:
+        return False
+    device = None if cuda else A.device
+    others = [(x, shape) for x in like_a] + [(x, X.shape) for x in (X, *like_x)]
+    if state is not None:
+        others.append((state, (batch, heads, k, v)))
+    for x, want in others:
+        if type(x) not in _PLAIN or x.dtype != dtype or x.shape != want:
+            return False
+        if (not x.is_cuda or x.get_device() != index) if cuda else x.device != device:
+            return False
+    return shape, v, dtype
+
+
 # --------------------------------------------------------------------------------------------------- ops
 
 
@@ -761,6 +807,11 @@ def affine_scan_fwd(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     Abar_t = A_t ... A_1 and Bbar_t = A_t Bbar_{t-1} + B_t (Bbar_0 = 0). Raises TypeError/ValueError on bad
     inputs and ValueError outside :func:`affine_envelope`.
     """
+    return _scan_fwd(A, Bm)
+
+
+@_recipes.replayed("affine_scan_fwd", lambda A, Bm: _case(A, Bm))
+def _scan_fwd(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     _check_operands(A, Bm, "Bm")
     _check_kernel_inputs(A, Bm)
     A, Bm = A.contiguous(), Bm.contiguous()
@@ -778,6 +829,13 @@ def affine_scan_bwd(
     L_t = G_t + A_{t+1}^T L_{t+1} on both grads; dB_t = L^B_t, dA_t = L^A_t Abar_{t-1}^T + L^B_t Bbar_{t-1}^T
     (Abar_0 = I, Bbar_0 = 0). Raises TypeError/ValueError on bad inputs.
     """
+    return _scan_bwd(A, Abar, Bbar, gAbar, gBbar)
+
+
+@_recipes.replayed("affine_scan_bwd", lambda A, Abar, Bbar, gA, gB: _case(A, Bbar, (Abar, gA), (gB,)))
+def _scan_bwd(
+    A: Tensor, Abar: Tensor, Bbar: Tensor, gAbar: Tensor | None, gBbar: Tensor | None
+) -> tuple[Tensor, Tensor]:
     _check_operands(A, Bbar, "Bbar")
     _check_like({"Abar": Abar, "gAbar": gAbar}, A, "(B, T, n, k, k) like A")
     _check_like({"gBbar": gBbar}, Bbar, "(B, T, n, k, v) like Bbar")
@@ -791,6 +849,7 @@ def affine_scan_bwd(
     return dA, dB
 
 
+@_recipes.replayed("affine_recurrence_fwd", lambda A, Bm, H0: _case(A, Bm, state=H0))
 def _recurrence_fwd(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     _check_operands(A, Bm, "Bm")
     _check_state("H0", H0, A, Bm.shape[-1])
@@ -810,6 +869,7 @@ def affine_recurrence_fwd(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     return _recurrence_fwd(A, Bm, H0)
 
 
+@_recipes.replayed("affine_recurrence_bwd", lambda A, H0, H, grad_H: _case(A, H, (), (grad_H,), H0))
 def _recurrence_bwd(A: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     _check_operands(A, H, "H")
     _check_state("H0", H0, A, H.shape[-1])
