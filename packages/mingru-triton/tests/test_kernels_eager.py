@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from kernel_cases import gates, on_cuda, on_interpreter
+from kernel_cases import gates, marked, on_cuda, on_interpreter
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -101,6 +101,37 @@ class TestEagerPath:
         with pytest.raises(ValueError) as from_path:
             module.recurrence(first, second, bad_state)
         assert str(from_path.value) == str(from_op.value)
+
+
+@marked(on_interpreter)
+@pytest.mark.parametrize("used", [(True, True), (True, False), (False, True)], ids=["both", "Abar", "Bbar"])
+def test_affine_scan_runs_eagerly_with_the_ops_bits(used: tuple[bool, bool]) -> None:
+    """The affine scan's eager path (two outputs): its own Function node, the op's bits forward and backward,
+    and an unused output's gradient passed on as None (the adjoint then skips it, as the op's does)."""
+    A, Bm, _ = _affine_inputs(torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(4)
+    weights = [
+        torch.randn(shape, generator=gen, dtype=torch.float64) for shape in ((2, 37, 3, 2, 2), Bm.shape)
+    ]
+    results = {}
+    for name, fn in (("op", affine.affine_scan_fwd), ("eager", affine.scan)):
+        leaves = [x.clone().requires_grad_() for x in (A, Bm)]
+        outs = fn(*leaves)
+        picked = [(out, w) for out, w, keep in zip(outs, weights, used, strict=True) if keep]
+        grads = torch.autograd.grad([o for o, _ in picked], leaves, [w for _, w in picked])
+        results[name] = (type(outs[0].grad_fn).__name__, [o.detach() for o in outs], grads)
+    assert results["eager"][0] == "AffineScanBackward" != results["op"][0]
+    eager, op = results["eager"], results["op"]
+    for got, want in zip([*eager[1], *eager[2]], [*op[1], *op[2]], strict=True):
+        assert torch.equal(got, want)
+    with torch.no_grad():
+        outs = affine.scan(*(x.clone().requires_grad_() for x in (A, Bm)))
+    assert all(o.grad_fn is None for o in outs) and torch.equal(outs[1], results["op"][1][1])
+    with pytest.raises(ValueError) as from_op:
+        affine.affine_scan_fwd(A, Bm[:, :5])
+    with pytest.raises(ValueError) as from_path:
+        affine.scan(A, Bm[:, :5])
+    assert str(from_path.value) == str(from_op.value)
 
 
 def _plain() -> tuple[Tensor, Tensor]:

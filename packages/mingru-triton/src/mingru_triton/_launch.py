@@ -272,30 +272,34 @@ def _run_eagerly(body: Callable[..., Any], inputs: tuple[Any, ...]) -> Any:
 
 def eager_path(
     name: str,
-    op: Callable[..., Tensor],
-    forward: Callable[..., Tensor],
+    op: Callable[..., Any],
+    forward: Callable[..., Any],
     backward: Callable[..., tuple[Tensor | None, ...]],
-    saved: Callable[[tuple[Tensor, ...], Tensor], tuple[Tensor, ...]],
-) -> Callable[..., Tensor]:
-    """``op`` (a ``triton_op`` of tensors with one output) with a cheaper eager path: where
-    :func:`eager_fast_path` allows, the ``torch.autograd.Function`` ``name`` runs ``forward(*inputs)`` (the
-    op's body), saves ``saved(inputs, output)`` and runs ``backward(*saved, grad)`` (its adjoint op's body);
-    a call that records no graph (grad mode off, or no input requiring grad) runs ``forward`` alone;
-    elsewhere ``op`` itself. Same kernels, so the same bits and errors; no double backward (as the op)."""
+    saved: Callable[[tuple[Tensor, ...], Any], tuple[Tensor, ...]],
+) -> Callable[..., Any]:
+    """``op`` (a ``triton_op`` of tensors with one output, or a tuple of outputs) with a cheaper eager path:
+    where :func:`eager_fast_path` allows, the ``torch.autograd.Function`` ``name`` runs ``forward(*inputs)``
+    (the op's body), saves ``saved(inputs, output)`` and runs ``backward(*saved, *grads)`` (its adjoint op's
+    body), one grad per output: an unused output of a tuple gives None (as the ops' own autograd, which does
+    not materialise grads), the single output of the others a tensor. A call that records no graph (grad
+    mode off, or no input requiring grad) runs ``forward`` alone; elsewhere ``op`` itself. Same kernels, so
+    the same bits and errors; no double backward (as the op)."""
 
-    def run_forward(ctx: Any, *inputs: Tensor) -> Tensor:
+    def run_forward(ctx: Any, *inputs: Tensor) -> Any:
         out = _run_eagerly(forward, inputs)
+        if type(out) is tuple:
+            ctx.set_materialize_grads(False)
         ctx.save_for_backward(*saved(inputs, out))
         return out
 
     @once_differentiable
-    def run_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, ...]:
-        return _run_eagerly(backward, (*ctx.saved_tensors, grad))
+    def run_backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        return _run_eagerly(backward, (*ctx.saved_tensors, *grads))
 
     methods = {"forward": staticmethod(run_forward), "backward": staticmethod(run_backward)}
     function: type[torch.autograd.Function] = type(name, (torch.autograd.Function,), methods)
 
-    def call(*inputs: Tensor) -> Tensor:
+    def call(*inputs: Tensor) -> Any:
         if not eager_fast_path(*inputs):
             return op(*inputs)
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):

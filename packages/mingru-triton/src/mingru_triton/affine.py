@@ -51,6 +51,7 @@ __all__ = [
     "affine_scan_fwd",
     "force_strategy",
     "recurrence",
+    "scan",
 ]
 
 MAX_K = 32
@@ -916,6 +917,11 @@ def _recurrence_backward(ctx: Any, grad_H: Tensor | None) -> tuple[Tensor, Tenso
 affine_scan_fwd.register_autograd(_scan_backward, setup_context=_scan_setup)
 affine_recurrence_fwd.register_autograd(_recurrence_backward, setup_context=_recurrence_setup)
 
+
+scan = eager_path("AffineScan", affine_scan_fwd, _scan_fwd, _scan_bwd, lambda x, out: (x[0], *out))
+"""``scan(A, Bm)``: :func:`affine_scan_fwd` for the dispatch (``SCAN_IMPLS``), eagerly without the op's
+dispatch (:func:`~mingru_triton._launch.eager_path`); an unused output's gradient reaches the adjoint as
+None."""
 
 recurrence = eager_path(
     "AffineRecurrence", affine_recurrence_fwd, _recurrence_fwd, _recurrence_bwd, lambda x, h: (x[0], x[2], h)

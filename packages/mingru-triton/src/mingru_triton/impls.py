@@ -83,7 +83,7 @@ def _linear_impl(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 
 def _affine_impl(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     reason = _first(_common_envelope("affine", {"A": A, "Bm": Bm}), affine.affine_envelope(A, Bm))
-    return _run("affine", reason, lambda: affine.affine_scan_fwd(A, Bm))
+    return _run("affine", reason, lambda: affine.scan(A, Bm))
 
 
 def _diag_impl(a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
