@@ -134,6 +134,31 @@ def test_affine_scan_runs_eagerly_with_the_ops_bits(used: tuple[bool, bool]) -> 
     assert str(from_path.value) == str(from_op.value)
 
 
+def test_eager_path_passes_an_unused_outputs_gradient_as_none() -> None:
+    """A tuple op's Function gives its adjoint body None for an output not used and a tensor for one used; a
+    single output's adjoint gets its tensor."""
+    seen: list[tuple[Tensor | None, ...]] = []
+
+    def backward(x: Tensor, *grads: Tensor | None) -> tuple[Tensor]:
+        seen.append(grads)
+        return (sum((g for g in grads if g is not None), torch.zeros_like(x)),)
+
+    pair = _launch.eager_path("Pair", lambda x: (x * 2, x * 3), lambda x: (x * 2, x * 3), backward,
+                              lambda inputs, out: (inputs[0],))  # fmt: skip
+    single = _launch.eager_path(
+        "Single", lambda x: x * 2, lambda x: x * 2, backward, lambda inputs, out: inputs
+    )
+    x = torch.ones(3, requires_grad=True)
+    first, second = pair(x)
+    assert type(first.grad_fn).__name__ == "PairBackward"
+    (grad,) = torch.autograd.grad(second.sum(), x)
+    assert (
+        seen[-1][0] is None and torch.equal(seen[-1][1], torch.ones(3)) and torch.equal(grad, torch.ones(3))
+    )
+    torch.autograd.grad(single(x).sum(), x)
+    assert len(seen[-1]) == 1 and torch.equal(seen[-1][0], torch.ones(3))
+
+
 def _plain() -> tuple[Tensor, Tensor]:
     return torch.zeros(2, 3), torch.nn.Parameter(torch.zeros(3))
 
