@@ -248,12 +248,8 @@ def test_angle_bodies_replay_their_launches(
     for _ in range(3):
         h = forward(*inputs)
         results.append((h, *backward(theta, scale, gamma, h0, h, grad, perm, sgn, p2p)))
-    for body in (forward, backward):
-        assert _replays(body.recipes) == 1, body.recipes.why
     names = ("h", "dtheta", "dscale", "dgamma", "db", "dh0")
-    for later in results[1:]:
-        for name, got, want in zip(names, later, results[0], strict=True):
-            assert torch.equal(got, want), name
+    _check_replays({"forward": forward, "backward": backward}, names, results)
 
 
 @marked(on_interpreter)
@@ -331,12 +327,7 @@ def test_affine_bodies_replay_their_launches(
         "sequential" if steps == 7 else "chunked"
     )
     results = [_affine_calls(inputs) for _ in range(3)]
-    for name in _AFFINE_BODIES:
-        body = getattr(affine, name)
-        assert _replays(body.recipes) == 1, f"{name}: {body.recipes.why}"
-    for later in results[1:]:
-        for name, got, want in zip(_AFFINE_NAMES, later, results[0], strict=True):
-            assert torch.equal(got, want), name
+    _check_replays({name: getattr(affine, name) for name in _AFFINE_BODIES}, _AFFINE_NAMES, results)
 
 
 @marked(on_interpreter)
@@ -444,6 +435,15 @@ def test_gated_adjoint_copies_a_gradient_without_contiguous_rows(
 
 def _replays(recipes: _recipes.Recipes) -> int:
     return sum(type(kind) is _recipes._Recipe for kind in recipes.kinds.values())
+
+
+def _check_replays(bodies: dict[str, Any], names: tuple[str, ...], results: list[tuple[Tensor, ...]]) -> None:
+    """Each body holds one recipe, and every call after the first gave the first call's bits."""
+    for label, body in bodies.items():
+        assert _replays(body.recipes) == 1, f"{label}: {body.recipes.why}"
+    for later in results[1:]:
+        for name, got, want in zip(names, later, results[0], strict=True):
+            assert torch.equal(got, want), name
 
 
 def _as_tuple(x: Any) -> tuple[Any, ...]:
