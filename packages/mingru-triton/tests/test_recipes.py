@@ -314,13 +314,14 @@ _AFFINE_NAMES = ("H", "dA", "dB", "dH0", "Abar", "Bbar", "scan dA", "scan dB")
 
 
 @marked(on_interpreter)
-@pytest.mark.parametrize("steps", [7, 130])  # the sequential and chunked plans
+@pytest.mark.parametrize("steps", [7, 9])  # the sequential and chunked plans (chunks of 4 steps)
 def test_affine_bodies_replay_their_launches(
     fake_cache: None, monkeypatch: pytest.MonkeyPatch, steps: int
 ) -> None:
     """The affine bodies do nothing but allocate and launch: recorded at the second call of a kind, replayed
     at the third with the bits of the first (the body; kernels interpreted, on CPU)."""
     monkeypatch.setattr(affine, "launch", _recorded_launch)
+    monkeypatch.setattr(affine, "MIN_CHUNK", 4)
     _recipes.clear()
     inputs = _affine_inputs((1, steps, 3, 3, 2), torch.float32, torch.device("cpu"))
     assert affine._strategy(3, steps, affine.num_sms(inputs[0].device), 4)[0] == (
