@@ -336,7 +336,7 @@ def test_affine_case_holds_only_for_valid_inputs(fake_cache: None) -> None:
     """The one-pass input test of the affine ops: a key for valid inputs, False for every kind of wrong one
     (the detailed checks then name it)."""
     A, Bm, H0, g_a, g_b = _affine_inputs((2, 5, 3, 4, 3), torch.float32, torch.device("cpu"))
-    assert affine._case(A, Bm, (g_a,), (g_b,), H0) == (torch.Size((2, 5, 3, 4, 4)), 3, torch.float32)
+    assert affine._common_case(A, Bm, (g_a,), (g_b,), H0) == (torch.Size((2, 5, 3, 4, 4)), 3, torch.float32)
     wrong = {
         "A not square": (A[..., :3], Bm, (), (), None),
         "Bm's steps": (A, Bm[:, :4], (), (), None),
@@ -353,7 +353,7 @@ def test_affine_case_holds_only_for_valid_inputs(fake_cache: None) -> None:
         "A not a tensor": (A.tolist(), Bm, (), (), None),
     }
     for name, args in wrong.items():
-        assert not affine._case(*args), name
+        assert not affine._common_case(*args), name
 
 
 def _gated_inputs(kind: int, steps: int, dtype: torch.dtype, device: torch.device) -> list[Tensor]:

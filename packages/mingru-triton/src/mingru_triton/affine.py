@@ -764,7 +764,7 @@ def _check_state(name: str, value: object, A: Tensor, v: int) -> Tensor:
     return value
 
 
-def _case(
+def _common_case(
     A: Any, X: Any, like_a: tuple[Any, ...] = (), like_x: tuple[Any, ...] = (), state: Any = None
 ) -> Any:
     """The recipe key of common, valid inputs, else False: plain tensors A (B, T, n, k, k) and X (B, T, n, k,
@@ -811,7 +811,7 @@ def affine_scan_fwd(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     return _scan_fwd(A, Bm)
 
 
-@_recipes.replayed("affine_scan_fwd", lambda A, Bm: _case(A, Bm))
+@_recipes.replayed("affine_scan_fwd", lambda A, Bm: _common_case(A, Bm))
 def _scan_fwd(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     _check_operands(A, Bm, "Bm")
     _check_kernel_inputs(A, Bm)
@@ -833,7 +833,7 @@ def affine_scan_bwd(
     return _scan_bwd(A, Abar, Bbar, gAbar, gBbar)
 
 
-@_recipes.replayed("affine_scan_bwd", lambda A, Abar, Bbar, gA, gB: _case(A, Bbar, (Abar, gA), (gB,)))
+@_recipes.replayed("affine_scan_bwd", lambda A, Abar, Bbar, gA, gB: _common_case(A, Bbar, (Abar, gA), (gB,)))
 def _scan_bwd(
     A: Tensor, Abar: Tensor, Bbar: Tensor, gAbar: Tensor | None, gBbar: Tensor | None
 ) -> tuple[Tensor, Tensor]:
@@ -850,7 +850,7 @@ def _scan_bwd(
     return dA, dB
 
 
-@_recipes.replayed("affine_recurrence_fwd", lambda A, Bm, H0: _case(A, Bm, state=H0))
+@_recipes.replayed("affine_recurrence_fwd", lambda A, Bm, H0: _common_case(A, Bm, state=H0))
 def _recurrence_fwd(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     _check_operands(A, Bm, "Bm")
     _check_state("H0", H0, A, Bm.shape[-1])
@@ -870,7 +870,7 @@ def affine_recurrence_fwd(A: Tensor, Bm: Tensor, H0: Tensor) -> Tensor:
     return _recurrence_fwd(A, Bm, H0)
 
 
-@_recipes.replayed("affine_recurrence_bwd", lambda A, H0, H, grad_H: _case(A, H, (), (grad_H,), H0))
+@_recipes.replayed("affine_recurrence_bwd", lambda A, H0, H, grad_H: _common_case(A, H, (), (grad_H,), H0))
 def _recurrence_bwd(A: Tensor, H0: Tensor, H: Tensor, grad_H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     _check_operands(A, H, "H")
     _check_state("H0", H0, A, H.shape[-1])
