@@ -15,7 +15,7 @@ import pytest
 import torch
 from kernel_cases import gates, marked, on_cuda, on_interpreter
 from torch import Tensor
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 pytest.importorskip("mingru_triton.linear")
 
@@ -194,6 +194,52 @@ def test_a_loose_input_may_have_any_layout_and_is_never_allocated_like(fake_cach
         torch.testing.assert_close(out, (x + y) * 2, rtol=0, atol=0)
     add(x.t().contiguous().t(), ys[0])  # x is not loose: a non-contiguous x runs the body
     assert calls[0] == 3
+
+
+class _ReusingAllocator(TorchDispatchMode):
+    """Below the recorder: every ``zeros(1)`` gets the same memory, as a caching allocator hands a block that
+    was just freed out again (the body frees each flag before it asks for the next)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torch.empty(1)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.zeros.default and tuple(args[0]) == (1,):
+            return self.block.zero_().detach()
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_buffer_allocated_where_a_dead_one_was_is_recorded(fake_cache: None) -> None:
+    """A buffer the body allocates at the address and layout of one it dropped is a new buffer: the recipe
+    records it (letting the dead one go at that step) and replays the body's bits."""
+    calls, addresses = [0], []
+
+    @_recipes.replayed("test reuse", lambda x, y: (x.shape, x.dtype))
+    def add_twice(x: Tensor, y: Tensor) -> Tensor:
+        calls[0] += 1
+        first = torch.empty_like(x)
+        flag = torch.zeros(1)
+        _launch_add(x, y, first, flag)  # first = (x + y) * 2 + 0, flag = 1
+        addresses.append(flag.data_ptr())
+        del flag
+        flag = torch.zeros(1)  # a fresh zero at the same address
+        addresses.append(flag.data_ptr())
+        out = torch.empty_like(x)
+        _launch_add(first, y, out, flag)  # out = (first + y) * 2 + 0
+        return out
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    with _ReusingAllocator():
+        add_twice(x, y), add_twice(x, y)
+        x2, y2 = torch.randn(3, 4), torch.randn(3, 4)
+        out = add_twice(x2, y2)
+    assert addresses[2] == addresses[3]
+    assert calls[0] == 2, f"the third call ran the body ({add_twice.recipes.why})"
+    torch.testing.assert_close(out, ((x2 + y2) * 2 + y2) * 2, rtol=0, atol=0)
+    (recipe,) = add_twice.recipes.kinds.values()
+    dead = [step[-1] for step in recipe.steps if step[0] == "alloc"]
+    assert dead == [None, None, 3, None]  # the second flag takes the first's address: slot 3 let go
 
 
 def test_cpu_tensors_run_the_body_without_the_stand_in() -> None:

@@ -11,8 +11,9 @@ A body is recorded under a dispatch mode and kept only when all it runs is known
 ``zeros`` and their ``_like`` / ``new_`` forms), ``zero_``, ``detach`` of its own tensors, and direct
 launches from the launch cache (:class:`mingru_triton._launch._Launches`) whose tensor arguments are its
 inputs or buffers, its outputs being buffers. Anything else (a view, a copy, a launch through Triton) keeps
-that kind of input on the body for good. The first call of each kind runs the body alone (it may compile);
-the second records.
+that kind of input on the body for good. A buffer whose memory an allocation of the body gets again is dead
+by then (the caching allocator hands a freed block out at once); the replay lets it go at that step too. The
+first call of each kind runs the body alone (it may compile); the second records.
 
 A replay runs where the body would launch directly (an eager op body, no ``torch.compile`` tracing) on CUDA
 tensors, each input 16-byte aligned and contiguous (or of a layout the key holds), on the recorded current
@@ -113,11 +114,16 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func in _EMPTY or func in _ZEROS:
             ident = _ident(out)
-            if out.device != self.device or not out.is_contiguous() or out.numel() == 0 or ident in self.slot:
+            # a buffer of the body at this address and layout is dead (the allocator handed its memory out
+            # again): the replay drops it here too, and the address names the new buffer from now on
+            dead = self.slot.get(ident)
+            if out.device != self.device or not out.is_contiguous() or out.numel() == 0:
                 self.fail(f"{func} made a tensor the recipe cannot allocate")
+            elif dead is not None and dead < self.inputs:
+                self.fail(f"{func} made a tensor at the address of an input")
             else:
                 like = self.like.get((out.shape, out.dtype))
-                self.steps.append(("alloc", tuple(out.shape), out.dtype, func in _ZEROS, like))
+                self.steps.append(("alloc", tuple(out.shape), out.dtype, func in _ZEROS, like, dead))
                 self.slot[ident] = self.count
                 self.count += 1
         elif func is _aten.zero_.default or (func is _aten.fill_.Scalar and args[1] == 0):
@@ -167,7 +173,7 @@ class _Recipe:
         self.device = device
 
     def replay(self, inputs: Sequence[Tensor], stream: int) -> Any:
-        slots: list[Tensor] = list(inputs)
+        slots: list[Any] = list(inputs)
         device = self.device
         for step in self.steps:
             kind = step[0]
@@ -178,7 +184,9 @@ class _Recipe:
                     args[position] = slots[index]
                 launcher(grid[0], grid[1], grid[2], stream, function, packed, None, None, None, *args, *tail)
             elif kind == "alloc":
-                _, shape, dtype, zero, like = step
+                _, shape, dtype, zero, like, dead = step
+                if dead is not None:
+                    slots[dead] = None  # freed where the body freed it, before this allocation
                 if like is not None:
                     slots.append(torch.zeros_like(slots[like]) if zero else torch.empty_like(slots[like]))
                 else:
@@ -263,6 +271,23 @@ class Recipes:
 
     why = ""
     """Why the last body this site tried to record could not be (for tests and debugging)."""
+
+
+def device_key(x: Tensor) -> Any:
+    """A cheap key of ``x``'s device for input tests (:func:`on_device`), or None where recipes do not serve
+    its type: a CUDA tensor's index (a ``torch.device`` per tensor costs more), else the device itself (the
+    tests' CPU stand-ins)."""
+    if x.is_cuda:
+        return x.get_device()
+    device = x.device
+    return device if device.type in _DEVICES else None
+
+
+def on_device(x: Tensor, key: Any) -> bool:
+    """Whether ``x`` is on the device of :func:`device_key` ``key`` (not None)."""
+    if type(key) is int:
+        return x.is_cuda and x.get_device() == key
+    return x.device == key
 
 
 def recorder() -> _Recorder | None:

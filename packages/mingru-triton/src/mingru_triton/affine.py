@@ -713,8 +713,7 @@ def _buffers(slots: int, cfg: dict[str, int], like: Tensor, wanted: tuple[bool, 
     wanted k x k entry and a (slots, KP, VP) tile for the last; an unwanted entry is a placeholder."""
     dtype = torch.float64 if cfg["FP64"] else torch.float32
     sides = [cfg["KP"]] * (len(wanted) - 1) + [cfg["VP"]]
-    # a placeholder only where one is used: one allocated and dropped here would leave its address to the next
-    # allocation, which launch recipes cannot tell from it (the CUDA allocator hands it out again at once)
+    # a placeholder only where one is used (an allocation costs host time, recorded or not)
     placeholder = like if all(wanted) else like.new_empty((1,), dtype=dtype)
     return tuple(
         like.new_empty((slots, cfg["KP"], side), dtype=dtype) if want else placeholder
@@ -777,8 +776,8 @@ def _common_case(
     dtype = A.dtype
     if dtype not in FLOAT_DTYPES or X.dtype != dtype:
         return False
-    cuda, index = A.is_cuda, A.get_device()
-    if not cuda and A.device.type not in _recipes._DEVICES:
+    device = _recipes.device_key(A)
+    if device is None:
         return False
     batch, steps, heads, k, k2 = shape = A.shape
     v = X.shape[-1]
@@ -786,14 +785,11 @@ def _common_case(
         return False
     if batch * steps * heads == 0 or batch * heads >= 2**31:
         return False
-    device = None if cuda else A.device
     others = [(x, shape) for x in like_a] + [(x, X.shape) for x in (X, *like_x)]
     if state is not None:
         others.append((state, (batch, heads, k, v)))
     for x, want in others:
-        if type(x) not in _PLAIN or x.dtype != dtype or x.shape != want:
-            return False
-        if (not x.is_cuda or x.get_device() != index) if cuda else x.device != device:
+        if type(x) not in _PLAIN or x.dtype != dtype or x.shape != want or not _recipes.on_device(x, device):
             return False
     return shape, v, dtype
 
