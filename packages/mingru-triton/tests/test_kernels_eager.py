@@ -1,5 +1,6 @@
-"""The layers' eager path of the recurrence ops (``<family>.recurrence``): the ops' own bodies in a plain
-``torch.autograd.Function`` where that is safe, the ``torch.library`` op everywhere else.
+"""The eager paths of the recurrence ops (``<family>.recurrence``, the layers') and of the tuple scans
+(``<family>.scan``, the dispatch's): the ops' own bodies in a plain ``torch.autograd.Function`` where that
+is safe, the ``torch.library`` op everywhere else.
 
 The interpreter tests check that the eager path runs (its ``grad_fn``) and gives the op's bits, forward and
 backward; the others check when it must not run (tracing, dispatch modes, functorch, subclasses) and that
@@ -103,34 +104,42 @@ class TestEagerPath:
         assert str(from_path.value) == str(from_op.value)
 
 
+SCANS: dict[str, tuple[Any, Callable[..., Any], Callable[[torch.Generator], tuple[Tensor, ...]]]] = {
+    "AffineScan": (affine, affine.affine_scan_fwd, _affine_inputs),
+    "LinearScan": (linear, linear.linear_scan_fwd, _linear_inputs),
+    "DiagScan": (diag, diag.diag_scan_fwd, _diag_inputs),
+}
+
+
 @marked(on_interpreter)
-@pytest.mark.parametrize("used", [(True, True), (True, False), (False, True)], ids=["both", "Abar", "Bbar"])
-def test_affine_scan_runs_eagerly_with_the_ops_bits(used: tuple[bool, bool]) -> None:
-    """The affine scan's eager path (two outputs): its own Function node, the op's bits forward and backward,
-    and an unused output's gradient passed on as None (the adjoint then skips it, as the op's does)."""
-    A, Bm, _ = _affine_inputs(torch.Generator().manual_seed(3))
+@pytest.mark.parametrize("used", [(True, True), (True, False), (False, True)], ids=["both", "first", "second"])
+@pytest.mark.parametrize("name", list(SCANS))
+def test_scan_runs_eagerly_with_the_ops_bits(name: str, used: tuple[bool, bool]) -> None:
+    """The scans' eager paths (two outputs, what ``SCAN_IMPLS`` runs): their own Function node, the op's bits
+    forward and backward with either output unused (its gradient reaches the adjoint body as None), the
+    body alone without grad, and the op's errors."""
+    module, op, make = SCANS[name]
+    first, second, _ = make(torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(4)
-    weights = [
-        torch.randn(shape, generator=gen, dtype=torch.float64) for shape in ((2, 37, 3, 2, 2), Bm.shape)
-    ]
+    weights = [torch.randn(out.shape, generator=gen, dtype=torch.float64) for out in op(first, second)]
     results = {}
-    for name, fn in (("op", affine.affine_scan_fwd), ("eager", affine.scan)):
-        leaves = [x.clone().requires_grad_() for x in (A, Bm)]
+    for label, fn in (("op", op), ("eager", module.scan)):
+        leaves = [x.clone().requires_grad_() for x in (first, second)]
         outs = fn(*leaves)
         picked = [(out, w) for out, w, keep in zip(outs, weights, used, strict=True) if keep]
         grads = torch.autograd.grad([o for o, _ in picked], leaves, [w for _, w in picked])
-        results[name] = (type(outs[0].grad_fn).__name__, [o.detach() for o in outs], grads)
-    assert results["eager"][0] == "AffineScanBackward" != results["op"][0]
-    eager, op = results["eager"], results["op"]
-    for got, want in zip([*eager[1], *eager[2]], [*op[1], *op[2]], strict=True):
-        assert torch.equal(got, want)
+        results[label] = (type(outs[0].grad_fn).__name__, [o.detach() for o in outs], grads)
+    assert results["eager"][0] == f"{name}Backward" != results["op"][0]
+    eager, want = results["eager"], results["op"]
+    for got, expected in zip([*eager[1], *eager[2]], [*want[1], *want[2]], strict=True):
+        assert torch.equal(got, expected)
     with torch.no_grad():
-        outs = affine.scan(*(x.clone().requires_grad_() for x in (A, Bm)))
-    assert all(o.grad_fn is None for o in outs) and torch.equal(outs[1], results["op"][1][1])
+        outs = module.scan(*(x.clone().requires_grad_() for x in (first, second)))
+    assert all(o.grad_fn is None for o in outs) and torch.equal(outs[1], want[1][1])
     with pytest.raises(ValueError) as from_op:
-        affine.affine_scan_fwd(A, Bm[:, :5])
+        op(first, second[:, :5])
     with pytest.raises(ValueError) as from_path:
-        affine.scan(A, Bm[:, :5])
+        module.scan(first, second[:, :5])
     assert str(from_path.value) == str(from_op.value)
 
 

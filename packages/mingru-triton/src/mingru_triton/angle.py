@@ -1593,19 +1593,15 @@ def _common_case(
         return False
     if b.dtype not in FLOAT_DTYPES:
         return False
-    # Devices by CUDA flag and index (a torch.device per tensor costs more); other types (the tests' CPU
-    # stand-ins) by the device itself.
-    cuda, index = b.is_cuda, b.get_device()
-    if not cuda and b.device.type not in _recipes._DEVICES:
+    device = _recipes.device_key(b)
+    if device is None:
         return False
     batch, steps, heads, k = shape = b.shape
-    layers, dtype, device = perm.shape[0], b.dtype, None if cuda else b.device
+    layers, dtype = perm.shape[0], b.dtype
     if k % 2 or not 2 <= k <= MAX_K or not 1 <= layers <= MAX_LAYERS or batch * steps * heads == 0:
         return False
     for x in (theta, scale, gamma, h0, perm, sgn, p2p):
-        if type(x) not in _PLAIN:
-            return False
-        if (not x.is_cuda or x.get_device() != index) if cuda else x.device != device:
+        if type(x) not in _PLAIN or not _recipes.on_device(x, device):
             return False
     rows = (batch, steps, heads)
     if theta.shape != (*rows, layers, k // 2) or scale.shape != rows or gamma.shape != rows:

@@ -23,6 +23,7 @@ __all__ = [
     "diag_scan_bwd",
     "diag_scan_fwd",
     "recurrence",
+    "scan",
 ]
 
 
@@ -85,6 +86,10 @@ def diag_scan_fwd(a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     abar_t = a_t ... a_1 and Bbar_t = diag(a_t) Bbar_{t-1} + B_t (Bbar_0 = 0), in the input dtype with fp32
     accumulation (fp64 for fp64). Raises TypeError/ValueError on bad inputs or outside :func:`diag_envelope`.
     """
+    return _scan_fwd(a, Bm)
+
+
+def _scan_fwd(a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     _check(("a", "Bm"), (a, Bm))
     coef, u = _flat(a, Bm)
     abar, Bbar = scan_forward(coef, u, None, Bm.shape[4], True)
@@ -101,6 +106,10 @@ def diag_scan_bwd(
     L_t = gBbar_t + diag(a_{t+1}) L_{t+1}, m_t = gabar_t + a_{t+1} m_{t+1}; dB = L and
     da_t = sum_v L_t Bbar_{t-1} + m_t abar_{t-1} (Bbar_0 = 0, abar_0 = 1).
     """
+    return _scan_bwd(a, abar, Bbar, gabar, gBbar)
+
+
+def _scan_bwd(a: Tensor, abar: Tensor, Bbar: Tensor, gabar: Tensor, gBbar: Tensor) -> tuple[Tensor, Tensor]:
     _check(("a", "abar", "Bbar", "gabar", "gBbar"), (a, abar, Bbar, gabar, gBbar))
     coef, prev_h = _flat(a, Bbar)
     prev_x, grad_h = _flat(abar, gBbar)
@@ -169,6 +178,18 @@ def _backward_recurrence(ctx, grad_H):
 diag_scan_fwd.register_autograd(_backward_scan, setup_context=_setup_scan)
 diag_recurrence_fwd.register_autograd(_backward_recurrence, setup_context=_setup_recurrence)
 
+
+def _scan_adjoint(
+    a: Tensor, abar: Tensor, Bbar: Tensor, gabar: Tensor | None, gBbar: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The body of :func:`diag_scan_bwd` with an unused output's gradient (None) taken as zeros, as the op's
+    autograd does."""
+    return _scan_bwd(a, abar, Bbar, grad_or_zeros(gabar, abar), grad_or_zeros(gBbar, Bbar))
+
+
+scan = eager_path("DiagScan", diag_scan_fwd, _scan_fwd, _scan_adjoint, lambda x, out: (x[0], *out))
+"""``scan(a, Bm)``: :func:`diag_scan_fwd` for the dispatch (``SCAN_IMPLS``), eagerly without the op's dispatch
+(:func:`~mingru_triton._launch.eager_path`)."""
 
 recurrence = eager_path(
     "DiagRecurrence", diag_recurrence_fwd, _recurrence_fwd, _recurrence_bwd, lambda x, h: (x[0], x[2], h)

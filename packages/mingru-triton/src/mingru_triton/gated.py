@@ -377,7 +377,8 @@ def _common_case(pre: Tensor, h0: Tensor, kind: int, states: dict[str, Tensor]) 
     state = _STATE_DTYPE.get(pre.dtype)
     if not 0 <= kind < len(KINDS) or pre.dim() != 3 or state is None:
         return False
-    if pre.device.type not in _recipes._DEVICES or h0.device != pre.device:  # CUDA (tests: CPU stand-ins)
+    device = _recipes.device_key(pre)  # CUDA (tests: CPU stand-ins)
+    if device is None or not _recipes.on_device(h0, device):
         return False
     rows, length, gh = pre.shape
     g = branches(kind)
@@ -388,7 +389,7 @@ def _common_case(pre: Tensor, h0: Tensor, kind: int, states: dict[str, Tensor]) 
         return False
     shape = (rows, length, hidden)
     return all(
-        type(x) in _PLAIN and x.shape == shape and x.dtype == h0.dtype and x.device == pre.device
+        type(x) in _PLAIN and x.shape == shape and x.dtype == h0.dtype and _recipes.on_device(x, device)
         for x in states.values()
     )
 

@@ -78,7 +78,7 @@ def _log_impl(log_coeffs: Tensor, log_values: Tensor) -> Tensor:
 
 def _linear_impl(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     reason = _first(_common_envelope("linear", {"a": a, "b": b}), linear.linear_envelope(a, b))
-    return _run("linear", reason, lambda: linear.linear_scan_fwd(a, b))
+    return _run("linear", reason, lambda: linear.scan(a, b))
 
 
 def _affine_impl(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
@@ -88,7 +88,7 @@ def _affine_impl(A: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
 
 def _diag_impl(a: Tensor, Bm: Tensor) -> tuple[Tensor, Tensor]:
     reason = _first(_common_envelope("diag", {"a": a, "Bm": Bm}), diag.diag_envelope(a, Bm))
-    return _run("diag", reason, lambda: diag.diag_scan_fwd(a, Bm))
+    return _run("diag", reason, lambda: diag.scan(a, Bm))
 
 
 SCAN_IMPLS: dict[str, Callable[..., Any]] = {

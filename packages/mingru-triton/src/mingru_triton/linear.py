@@ -74,6 +74,7 @@ __all__ = [
     "linear_scan_bwd",
     "linear_scan_fwd",
     "recurrence",
+    "scan",
     "scan_plan",
 ]
 
@@ -1540,6 +1541,18 @@ def linear_recurrence_bwd(a: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> t
     """
     return _recurrence_bwd(a, h0, h, grad_h)
 
+
+def _scan_adjoint(
+    a: Tensor, A: Tensor, Bc: Tensor, gA: Tensor | None, gBc: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The body of :func:`linear_scan_bwd` with an unused output's gradient (None) taken as zeros, as the op's
+    autograd does."""
+    return _scan_bwd(a, A, Bc, grad_or_zeros(gA, A), grad_or_zeros(gBc, Bc))
+
+
+scan = eager_path("LinearScan", linear_scan_fwd, _scan_fwd, _scan_adjoint, lambda x, out: (x[0], *out))
+"""``scan(a, b)``: :func:`linear_scan_fwd` for the dispatch (``SCAN_IMPLS``), eagerly without the op's
+dispatch (:func:`~mingru_triton._launch.eager_path`)."""
 
 recurrence = eager_path(
     "LinearRecurrence", linear_recurrence_fwd, _recurrence_fwd, _recurrence_bwd, lambda x, h: (x[0], x[2], h)
