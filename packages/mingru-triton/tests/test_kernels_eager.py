@@ -112,7 +112,7 @@ SCANS: dict[str, tuple[Any, Callable[..., Any], Callable[[torch.Generator], tupl
 
 
 @marked(on_interpreter)
-@pytest.mark.parametrize("used", [(True, True), (True, False), (False, True)], ids=["both", "first", "second"])
+@pytest.mark.parametrize("used", [(True, True), (True, False), (False, True)], ids=["both", "1st", "2nd"])
 @pytest.mark.parametrize("name", list(SCANS))
 def test_scan_runs_eagerly_with_the_ops_bits(name: str, used: tuple[bool, bool]) -> None:
     """The scans' eager paths (two outputs, what ``SCAN_IMPLS`` runs): their own Function node, the op's bits
