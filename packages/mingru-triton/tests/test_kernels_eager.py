@@ -143,9 +143,9 @@ def test_scan_runs_eagerly_with_the_ops_bits(name: str, used: tuple[bool, bool])
     assert str(from_path.value) == str(from_op.value)
 
 
-def test_eager_path_passes_an_unused_outputs_gradient_as_none() -> None:
-    """A tuple op's Function gives its adjoint body None for an output not used and a tensor for one used; a
-    single output's adjoint gets its tensor."""
+def test_eager_path_passes_an_unused_outputs_gradient_as_none_or_zeros() -> None:
+    """A tuple op's Function gives its adjoint body None for an output not used (zeros of its shape with
+    ``zero_unused``) and a tensor for one used; a single output's adjoint gets its tensor."""
     seen: list[tuple[Tensor | None, ...]] = []
 
     def backward(x: Tensor, *grads: Tensor | None) -> tuple[Tensor]:
@@ -166,6 +166,16 @@ def test_eager_path_passes_an_unused_outputs_gradient_as_none() -> None:
     )
     torch.autograd.grad(single(x).sum(), x)
     assert len(seen[-1]) == 1 and torch.equal(seen[-1][0], torch.ones(3))
+
+    def pair_body(x: Tensor) -> tuple[Tensor, Tensor]:
+        return x * 2, x * 3
+
+    zeroed = _launch.eager_path(
+        "Zeroed", pair_body, pair_body, backward, lambda inputs, out: (inputs[0],), zero_unused=True
+    )
+    first, _ = zeroed(x)
+    torch.autograd.grad(first.sum(), x)
+    assert torch.equal(seen[-1][0], torch.ones(3)) and torch.equal(seen[-1][1], torch.zeros(3))
 
 
 def _plain() -> tuple[Tensor, Tensor]:

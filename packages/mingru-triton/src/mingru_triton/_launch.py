@@ -276,18 +276,20 @@ def eager_path(
     forward: Callable[..., Any],
     backward: Callable[..., tuple[Tensor | None, ...]],
     saved: Callable[[tuple[Tensor, ...], Any], tuple[Tensor, ...]],
+    zero_unused: bool = False,
 ) -> Callable[..., Any]:
     """``op`` (a ``triton_op`` of tensors with one output, or a tuple of outputs) with a cheaper eager path:
     where :func:`eager_fast_path` allows, the ``torch.autograd.Function`` ``name`` runs ``forward(*inputs)``
     (the op's body), saves ``saved(inputs, output)`` and runs ``backward(*saved, *grads)`` (its adjoint op's
-    body), one grad per output: an unused output of a tuple gives None (as the ops' own autograd, which does
-    not materialise grads), the single output of the others a tensor. A call that records no graph (grad
-    mode off, or no input requiring grad) runs ``forward`` alone; elsewhere ``op`` itself. Same kernels, so
-    the same bits and errors; no double backward (as the op)."""
+    body), one grad per output: an unused output of a tuple gives None, or zeros of its shape with
+    ``zero_unused`` (as the op's own autograd passes it on or fills it in), the single output of the others
+    a tensor. A call that records no graph (grad mode off, or no input requiring grad) runs ``forward``
+    alone; elsewhere ``op`` itself. Same kernels, so the same bits and errors; no double backward (as the
+    op)."""
 
     def run_forward(ctx: Any, *inputs: Tensor) -> Any:
         out = _run_eagerly(forward, inputs)
-        if type(out) is tuple:
+        if type(out) is tuple and not zero_unused:
             ctx.set_materialize_grads(False)
         ctx.save_for_backward(*saved(inputs, out))
         return out

@@ -179,15 +179,9 @@ diag_scan_fwd.register_autograd(_backward_scan, setup_context=_setup_scan)
 diag_recurrence_fwd.register_autograd(_backward_recurrence, setup_context=_setup_recurrence)
 
 
-def _scan_adjoint(
-    a: Tensor, abar: Tensor, Bbar: Tensor, gabar: Tensor | None, gBbar: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """The body of :func:`diag_scan_bwd` with an unused output's gradient (None) taken as zeros, as the op's
-    autograd does."""
-    return _scan_bwd(a, abar, Bbar, grad_or_zeros(gabar, abar), grad_or_zeros(gBbar, Bbar))
-
-
-scan = eager_path("DiagScan", diag_scan_fwd, _scan_fwd, _scan_adjoint, lambda x, out: (x[0], *out))
+scan = eager_path(
+    "DiagScan", diag_scan_fwd, _scan_fwd, _scan_bwd, lambda x, out: (x[0], *out), zero_unused=True
+)
 """``scan(a, Bm)``: :func:`diag_scan_fwd` for the dispatch (``SCAN_IMPLS``), eagerly without the op's dispatch
 (:func:`~mingru_triton._launch.eager_path`)."""
 

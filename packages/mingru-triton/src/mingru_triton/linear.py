@@ -1542,15 +1542,9 @@ def linear_recurrence_bwd(a: Tensor, h0: Tensor, h: Tensor, grad_h: Tensor) -> t
     return _recurrence_bwd(a, h0, h, grad_h)
 
 
-def _scan_adjoint(
-    a: Tensor, A: Tensor, Bc: Tensor, gA: Tensor | None, gBc: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """The body of :func:`linear_scan_bwd` with an unused output's gradient (None) taken as zeros, as the op's
-    autograd does."""
-    return _scan_bwd(a, A, Bc, grad_or_zeros(gA, A), grad_or_zeros(gBc, Bc))
-
-
-scan = eager_path("LinearScan", linear_scan_fwd, _scan_fwd, _scan_adjoint, lambda x, out: (x[0], *out))
+scan = eager_path(
+    "LinearScan", linear_scan_fwd, _scan_fwd, _scan_bwd, lambda x, out: (x[0], *out), zero_unused=True
+)
 """``scan(a, b)``: :func:`linear_scan_fwd` for the dispatch (``SCAN_IMPLS``), eagerly without the op's
 dispatch (:func:`~mingru_triton._launch.eager_path`)."""
 
