@@ -15,6 +15,7 @@ import pytest
 import torch
 from kernel_cases import gates, marked, on_cuda, on_interpreter
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 pytest.importorskip("mingru_triton.linear")
@@ -240,6 +241,22 @@ def test_a_buffer_allocated_where_a_dead_one_was_is_recorded(fake_cache: None) -
     (recipe,) = add_twice.recipes.kinds.values()
     dead = [step[-1] for step in recipe.steps if step[0] == "alloc"]
     assert dead == [None, None, 3, None]  # the second flag takes the first's address: slot 3 let go
+
+
+def test_device_key_by_cuda_index_else_by_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The input tests' device key: a CUDA tensor's index (fake CUDA tensors here), the device itself for a
+    type recipes serve (the CPU stand-ins), None for any other type."""
+    with FakeTensorMode():
+        first, second = torch.empty(2, device="cuda:0"), torch.empty(2, device="cuda:1")
+        assert _recipes.device_key(first) == 0 and _recipes.device_key(second) == 1
+        assert _recipes.on_device(first, 0) and not _recipes.on_device(second, 0)
+    cpu = torch.empty(2)
+    assert not _recipes.on_device(cpu, 0)
+    assert _recipes.device_key(cpu) is None and _recipes.device_key(torch.empty(2, device="meta")) is None
+    monkeypatch.setattr(_recipes, "_DEVICES", ("cpu",))
+    key = _recipes.device_key(cpu)
+    assert key == torch.device("cpu") and _recipes.on_device(torch.empty(3), key)
+    assert not _recipes.on_device(torch.empty(3, device="meta"), key)
 
 
 def test_cpu_tensors_run_the_body_without_the_stand_in() -> None:
