@@ -284,14 +284,14 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize(
     ("dtype", "tile"),
-    [(torch.float32, (32, 64, 4)), (torch.bfloat16, (32, 64, 4)), (torch.float64, (64, 16, 1))],
+    [(torch.float32, (32, 64, 4)), (torch.bfloat16, (16, 64, 4)), (torch.float64, (64, 16, 1))],
     ids=str,
 )
 @marked(on_interpreter)
 def test_lookback_heuristic_tiles(dtype: torch.dtype, tile: tuple[int, int, int]) -> None:
     """The single pass with the heuristic's own tile (no forced steps) on a few-chains shape: 32 channels
-    (the second block mostly masked) x 64 steps off CUDA (four warps on CUDA), four tiles per row, the last
-    partial; float64 keeps 64 x 16 tiles."""
+    (16 for 2-byte types; the last block partly masked) x 64 steps off CUDA (128-256 on CUDA), four warps,
+    four tiles per row, the last partial; float64 keeps 64 x 16 tiles."""
     shape = (1, 200, 40)
     itemsize = torch.empty((), dtype=dtype).element_size()
     with linear.force_strategy("lookback"):
@@ -369,8 +369,9 @@ def test_strategy_heuristic() -> None:
     assert tile(1, 8192, 2048, 4) == ("lookback", 32, 64, 2)  # 16 chains of 128 channels
     assert tile(2, 65536, 1024, 4) == ("lookback", 32, 64, 2)
     assert tile(1, 8192, 2048, 2) == ("lookback", 32, 32, 1)
-    assert tile(1, 65536, 256, 4) == ("lookback", 32, 128, 4)  # 8 chains of 32 channels
-    assert tile(1, 65536, 512, 2) == ("lookback", 32, 128, 4)  # 16
+    assert tile(1, 65536, 256, 4) == ("lookback", 32, 256, 4)  # 8 chains of 32 channels
+    assert tile(1, 65535, 256, 4) == ("lookback", 32, 128, 4)  # float32: 256 steps from T = 65536
+    assert tile(1, 65536, 512, 2) == ("lookback", 16, 256, 4)  # 16 (16 channels wide)
     assert tile(1, 65536, 544, 2) == ("lookback", 32, 32, 1)  # 17
     assert tile(1, 65536, 224, 4)[0] == "chunked"  # 7 chains
     assert tile(7, 4096, 32, 4)[0] == "chunked"

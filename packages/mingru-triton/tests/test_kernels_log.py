@@ -425,7 +425,7 @@ def test_single_pass_adjoint_heuristic() -> None:
     assert log_kernels._single_pass_plan(torch.empty((8, 2048, 1024), device="meta"), min_length=forward)
     assert log_kernels._single_pass_plan(torch.empty((8, 1023, 1024), device="meta")) is None  # short T
     few = log_kernels._single_pass_plan(torch.empty((1, 65536, 256), device="meta"))  # 8 chains of 32
-    # off CUDA the tile has at most 64 steps (128 on CUDA)
+    # off CUDA the tile has at most 64 steps (256 on CUDA from T = 65536)
     assert few is not None and (few.block_j, few.block_t, few.num_warps) == (32, 64, 4)
     assert log_kernels._single_pass_plan(torch.empty((1, 65536, 224), device="meta")) is None  # 7 chains
     with force_strategy("sequential"):

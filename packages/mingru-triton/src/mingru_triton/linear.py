@@ -882,8 +882,16 @@ replay, layers' path) at 8 x 1024 x 1024: forward / forward+backward 0.037 / 0.0
 0.107 ms for the sequential plan (fp32), 0.034 / 0.072 against 0.038 / 0.101 ms (bf16); below T = 1024
 the two are level (8 x 512 x 1024). Each single-pass call also zeroes its status buffer (one more launch)."""
 LOOKBACK_FEW_CHAINS = 16
-"""At most this many rows x 32-channel blocks: the single-pass kernel takes 4-warp tiles of 128 steps, so a
-chain has 4x fewer tiles to walk back over."""
+"""At most this many rows x 32-channel blocks: the single-pass kernel takes 4-warp tiles of 128 steps and
+32 channels (float32; 256 steps from :data:`LOOKBACK_LONG_TILES` steps) or of 256 steps and 16 channels
+(2-byte types), so a chain has 4x-8x fewer tiles to walk back over. H100, GPU time of the layers' path,
+forward / forward+backward in us, against 32 x 128 tiles for both: bfloat16 (1, 65536, 256) 97.4 / 207.1
+against 106.2 / 218.7, (1, 4096, 256) 12.8 / 26.9 against 14.1 / 29.1, (2, 16384, 256) 52.1 / 111.3
+against 52.6 / 108.5; float32 with 256 steps (1, 65536, 256) 104.3 / 239.7 against 111.5 / 253.3, but
+(2, 16384, 256) 55.6 / 129.4 against 53.8 / 125.6 and (8, 2048, 32) 11.8 / 24.7 against 10.6 / 22.7."""
+LOOKBACK_LONG_TILES = 65536
+"""From this many steps the float32 few-chain tile of the single pass is 256 steps long (see
+:data:`LOOKBACK_FEW_CHAINS`); (1, 65536, 512): 182.1 / 437.4 us against 189.8 / 450.1."""
 PIPELINED_MIN_FILL = 7 / 8
 """The pipelined walk runs (T >= :data:`LOOKBACK_MIN_LENGTH`, float32/bfloat16/float16) when rows x
 64-channel blocks number at least this fraction of the SMs: one program per chain must keep an SM busy.
@@ -979,8 +987,8 @@ def scan_plan(
     - float32 with >= 64 chains of 128 channels: 128 x 16, one warp (16 bytes per lane);
     - float32 with fewer: 32 x 64, two warps;
     - bfloat16/float16: 32 x 32, one warp;
-    - at most :data:`LOOKBACK_FEW_CHAINS` chains of 32 channels (any dtype but float64): 32 x 128, four
-      warps;
+    - at most :data:`LOOKBACK_FEW_CHAINS` chains of 32 channels (any dtype but float64): 32 x 128
+      (from :data:`LOOKBACK_LONG_TILES` steps 32 x 256; 2-byte types 16 x 256), four warps;
     - float64: 64 x 16, one warp, from 16 chains of 64 channels (not re-timed with the narrow tiles).
 
     On an H200, forward / backward in ms: 1 x 65536 x 256 fp32 32 x 128 x 4 warps 0.114 / 0.136 against
@@ -1048,7 +1056,7 @@ def _make_plan(
         _lookback_chains_ok(rows, dj, itemsize) and length >= LOOKBACK_MIN_LENGTH
     )
     if block_v == 1 and single_pass and (forced is None or forced[0] == "lookback") and lookback:
-        block_j, block_t, num_warps = _lookback_tile(rows, dj, itemsize)
+        block_j, block_t, num_warps = _lookback_tile(rows, dj, itemsize, length)
         block_t = (forced[2] if forced is not None else None) or min(block_t, max_block_t)
         njb, tiles = cdiv(max(dj, 1), block_j), cdiv(max(length, 1), block_t)
         return ScanPlan("lookback", block_t, block_j, 1, num_warps, block_t, tiles, njb)
@@ -1126,13 +1134,15 @@ def _lookback_chains_ok(rows: int, dj: int, itemsize: int) -> bool:
     return rows * cdiv(max(dj, 1), 32) >= LOOKBACK_MIN_CHAINS
 
 
-def _lookback_tile(rows: int, dj: int, itemsize: int) -> tuple[int, int, int]:
+def _lookback_tile(rows: int, dj: int, itemsize: int, length: int) -> tuple[int, int, int]:
     """(BLOCK_J, BLOCK_T, warps) of the single-pass kernel; see :func:`scan_plan`."""
     width = next_pow2(max(dj, 1))
     if itemsize == 8:
         return min(64, width), 16, 1
     if rows * cdiv(max(dj, 1), 32) <= LOOKBACK_FEW_CHAINS:
-        return min(32, width), 128, 4
+        if itemsize <= 2:
+            return min(16, width), 256, 4
+        return min(32, width), 256 if length >= LOOKBACK_LONG_TILES else 128, 4
     if itemsize <= 2:
         return min(32, width), 32, 1
     if rows * cdiv(max(dj, 1), 128) < 64:
