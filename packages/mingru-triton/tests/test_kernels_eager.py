@@ -116,8 +116,9 @@ SCANS: dict[str, tuple[Any, Callable[..., Any], Callable[[torch.Generator], tupl
 @pytest.mark.parametrize("name", list(SCANS))
 def test_scan_runs_eagerly_with_the_ops_bits(name: str, used: tuple[bool, bool]) -> None:
     """The scans' eager paths (two outputs, what ``SCAN_IMPLS`` runs): their own Function node, the op's bits
-    forward and backward with either output unused (its gradient reaches the adjoint body as None), the
-    body alone without grad, and the op's errors."""
+    forward and backward with either output unused (its gradient reaches the adjoint body as None for the
+    affine scan, as zeros for the linear and diagonal ones, as with each op's autograd), the body alone
+    without grad, and the op's errors."""
     module, op, make = SCANS[name]
     first, second, _ = make(torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(4)
