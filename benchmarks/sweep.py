@@ -42,7 +42,7 @@ import torch.nn.functional as F
 import triton
 from torch import Tensor
 
-from mingru_triton import linear, log
+from mingru_triton import _recipes, linear, log
 from mingru_triton._launch import num_sms
 
 SHAPES = "8x1024x1024,8x4096x1024,8x16384x1024,1x65536x256,1x8192x2048"
@@ -163,23 +163,34 @@ def _walk_configs(args: argparse.Namespace, shape: Shape) -> Iterator[tuple[str,
 
 @contextlib.contextmanager
 def _plan(family: str, plan: Any) -> Iterator[None]:
-    """Every launch of ``family`` inside the block uses ``plan`` (None: the kernel's own plan)."""
+    """Every launch of ``family`` inside the block uses ``plan`` (None: the kernel's own plan). The ops'
+    launch recipes, which replay the plan they recorded, stay off within it; a block that never asks the
+    patched planner for a plan raises, since its calls did not run ``plan``."""
     if plan is None:
         yield
         return
-    if family == "log" and isinstance(plan, linear.ScanPlan):
-        # The log recurrence's single pass: the k = 1 kernel's plan, forced for the forward and the adjoint.
-        with _plan("linear", plan), log.force_strategy("lookback"):
+    with _recipes.overriding():
+        if family == "log" and isinstance(plan, linear.ScanPlan):
+            # The log recurrence's single pass: the k = 1 kernel's plan, forced both ways.
+            with _plan("linear", plan), log.force_strategy("lookback"):
+                yield
+            return
+        module: Any = log if family == "log" else linear
+        name = "_device_plan" if family == "log" else "_plan_for"
+        saved = getattr(module, name)
+        asked = [0]
+
+        def forced(*_: Any, **__: Any) -> Any:
+            asked[0] += 1
+            return plan
+
+        setattr(module, name, forced)
+        try:
             yield
-        return
-    module: Any = log if family == "log" else linear
-    name = "_device_plan" if family == "log" else "_plan_for"
-    saved = getattr(module, name)
-    setattr(module, name, lambda *_, **__: plan)
-    try:
-        yield
-    finally:
-        setattr(module, name, saved)
+        finally:
+            setattr(module, name, saved)
+        if not asked[0]:
+            raise RuntimeError(f"plan not applied: nothing in the block called {module.__name__}.{name}")
 
 
 def _linear_label(plan: linear.ScanPlan) -> str:
