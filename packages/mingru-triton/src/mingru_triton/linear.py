@@ -368,11 +368,9 @@ def _lookback_kernel(
     Inputs contiguous (R, L, DJ).
     """
     tile = tl.atomic_add(flag_ptr + 1, 1).to(tl.int64)
-    # One buffer: the BAIL flag and the counter in a 128-byte line of their own (the counter's atomics do not
-    # contend with the polls of the first tiles' statuses), a status per tile, then (128-byte aligned) three
-    # BLOCK_J-wide summary slots per tile: coefficient product, end state from 0 (status 1), final end state
-    # (status 2).
-    head = 32 + (CHAINS * NT + 31) // 32 * 32
+    # One buffer: the BAIL flag, the counter, a status per tile, then (128-byte aligned) three BLOCK_J-wide
+    # summary slots per tile: coefficient product, end state from 0 (status 1), final end state (status 2).
+    head = (CHAINS * NT + 2 + 31) // 32 * 32
     if FP64:
         agg_ptr = (flag_ptr + head).to(tl.pointer_type(tl.float64))
     else:
@@ -419,7 +417,7 @@ def _lookback_kernel(
     last = (lanes_t == BLOCK_T - 1)[:, None]
     p_end = tl.sum(tl.where(last, p, 0.0), axis=0)
     h_end = tl.sum(tl.where(last, h, 0.0), axis=0)
-    status = flag_ptr + 32 + tile
+    status = flag_ptr + 2 + tile
     carry = h_end * 0.0
     if k == 0:
         if HAS_INIT:
@@ -435,10 +433,10 @@ def _lookback_kernel(
         # loads per round trip with one fence after them, even at few chains: 1.2x-1.6x the time at
         # (1, 65536, 256), docs/benchmarks.md, round 18.)
         found = tile - CHAINS
-        seen = tl.atomic_add(flag_ptr + 32 + found, 0, sem="acquire")
+        seen = tl.atomic_add(flag_ptr + 2 + found, 0, sem="acquire")
         while seen != 2:
             found = tl.where(seen == 1, found - CHAINS, found)
-            seen = tl.atomic_add(flag_ptr + 32 + found, 0, sem="acquire")
+            seen = tl.atomic_add(flag_ptr + 2 + found, 0, sem="acquire")
         # Replay the summaries after it in walk order, as the sequential fold over tiles does: the carry is
         # the same bits whichever tile the search stopped at, so results do not depend on timing. The
         # REPLAY loads of a step do not depend on each other and are in flight together.
@@ -1312,10 +1310,9 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tens
     rows, length, dj = coef.shape
     chains = rows * plan.num_jblocks
     tiles = chains * plan.num_chunks
-    # One zeroed int32 buffer (one allocation, one fill): the BAIL flag and the tile counter (32 words), the
-    # tiles' statuses, then the summaries (3 BLOCK_J-wide slots per tile in the accumulator dtype), 128-byte
-    # aligned.
-    head = 32 + -(-tiles // 32) * 32
+    # One zeroed int32 buffer (one allocation, one fill): the BAIL flag, the tile counter, the tiles'
+    # statuses, then the summaries (3 BLOCK_J-wide slots per tile in the accumulator dtype), 128-byte aligned.
+    head = -(-(tiles + 2) // 32) * 32
     words = _acc_dtype(coef).itemsize // 4
     status = torch.zeros(head + tiles * 3 * plan.block_j * words, dtype=torch.int32, device=coef.device)
     args = list(map(ptrs.get, _LOOKBACK_PTRS))
