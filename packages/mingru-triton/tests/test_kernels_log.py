@@ -348,14 +348,14 @@ class TestInterpreter:
             log_only = log_recurrence_fwd(log_coeffs, log_b, h0)
         with force_strategy(strategy), linear.force_strategy(strategy, None, 4):
             single = log_recurrence_fwd(log_coeffs, log_b, h0)
-            assert [int(g[0].item()) for g in gates] == [0]
+            assert [int(g[-1].item()) for g in gates] == [0]
             assert not torch.equal(single, log_only)  # not the log kernel's bits: the single pass ran
             assert_close(single, recurrence_ref(log_coeffs.double(), log_b.double(), h0.double()),
                          torch.float32, 45, strategy)  # fmt: skip
             growing = log_coeffs.clone()
             growing[1, 38, 2] = 0.25
             fallback = log_recurrence_fwd(growing, log_b, h0)
-            assert [int(g[0].item()) for g in gates] == [0, 1]
+            assert [int(g[-1].item()) for g in gates] == [0, 1]
             with force_log_space():
                 log_recurrence_fwd(growing, log_b, h0)
             assert len(gates) == 2
@@ -367,7 +367,7 @@ class TestInterpreter:
         with force_strategy(strategy), linear.force_strategy(strategy, None, 4):
             values_single = parallel_scan_log_fwd(log_coeffs, log_values)
             values_fallback = parallel_scan_log_fwd(growing, log_values)
-        assert [int(g[0].item()) for g in gates] == [0, 1, 0, 1]
+        assert [int(g[-1].item()) for g in gates] == [0, 1, 0, 1]
         with force_strategy("sequential"):
             assert not torch.equal(values_single, parallel_scan_log_fwd(log_coeffs, log_values))
             assert torch.equal(values_fallback, parallel_scan_log_fwd(growing, log_values))

@@ -346,7 +346,7 @@ def _lookback_kernel(
 ):
     """One tile of BLOCK_T walk steps x BLOCK_J channels of h_s = a h_{s-1} + u_s (k = 1, V = 1).
 
-    Tiles are taken in launch order from a counter (``flag_ptr[1]``): tile = k CHAINS + chain,
+    Tiles are taken in launch order from a counter (``flag_ptr[CHAINS * NT]``): tile = k CHAINS + chain,
     chain = (row, channel block), k = the tile's place along the walk. Each tile scans its steps in
     registers and publishes its summary (coefficient product, end state from 0; status 1). It then walks
     back along its chain to the nearest tile whose final end state is published (status 2), waiting at a
@@ -360,16 +360,16 @@ def _lookback_kernel(
     log scan's adjoint); LOG_GRADS (with DA and EXP_COEF) writes the log scan's gradients: da times a at the
     same step, and h times exp(lb) in place of h. EXP_U: the values are exp of the stored ones (the log
     scan's forward). BAIL (with EXP_COEF): a tile with a log coefficient > 0 sets
-    ``flag_ptr[0]`` to 1 and the launch goes on; its outputs are then not to be used. H0_SLOT
+    ``flag_ptr[CHAINS * NT + 1]`` to 1 and the launch goes on; its outputs are then not to be used. H0_SLOT
     (the log-values form: log h0 in slot 0 of rows of L + 1 steps): with EXP_U, ``u`` is (R, L + 1, DJ) and
     the initial state is exp(u[:, 0]); with LOG_GRADS, ``lb`` and ``hout`` are (R, L + 1, DJ), the stored
     h0 is exp(lb[:, 0]) and DINIT writes d log h0 = h0 d(h0) to hout[:, 0]. SPARSE > 1
     (tests) publishes final states only on every SPARSE-th tile, so the look-back walks over summaries.
     Inputs contiguous (R, L, DJ).
     """
-    tile = tl.atomic_add(flag_ptr + 1, 1).to(tl.int64)
-    # One buffer: the BAIL flag, the counter, a status per tile, then (128-byte aligned) three BLOCK_J-wide
-    # summary slots per tile: coefficient product, end state from 0 (status 1), final end state (status 2).
+    tile = tl.atomic_add(flag_ptr + CHAINS * NT, 1).to(tl.int64)
+    # The summaries follow the statuses in the same buffer (128-byte aligned), three BLOCK_J-wide slots per
+    # tile: coefficient product, end state from 0 (status 1), final end state (status 2).
     head = (CHAINS * NT + 2 + 31) // 32 * 32
     if FP64:
         agg_ptr = (flag_ptr + head).to(tl.pointer_type(tl.float64))
@@ -410,14 +410,14 @@ def _lookback_kernel(
     if BAIL:  # noqa: SIM102 (a constexpr test around a runtime one)
         # A coefficient above 1 (a log above 0): flag the launch; the caller's fallback redoes all of it.
         if tl.max(tl.max(a, axis=1), axis=0) > 0.0:
-            tl.atomic_xchg(flag_ptr, 1)
+            tl.atomic_xchg(flag_ptr + CHAINS * NT + 1, 1)
     if EXP_COEF:
         a = fast_exp(a, FAST)
     p, h = tl.associative_scan((a, u), 0, _compose)
     last = (lanes_t == BLOCK_T - 1)[:, None]
     p_end = tl.sum(tl.where(last, p, 0.0), axis=0)
     h_end = tl.sum(tl.where(last, h, 0.0), axis=0)
-    status = flag_ptr + 2 + tile
+    status = flag_ptr + tile
     carry = h_end * 0.0
     if k == 0:
         if HAS_INIT:
@@ -433,10 +433,10 @@ def _lookback_kernel(
         # loads per round trip with one fence after them, even at few chains: 1.2x-1.6x the time at
         # (1, 65536, 256), docs/benchmarks.md, round 18.)
         found = tile - CHAINS
-        seen = tl.atomic_add(flag_ptr + 2 + found, 0, sem="acquire")
+        seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
         while seen != 2:
             found = tl.where(seen == 1, found - CHAINS, found)
-            seen = tl.atomic_add(flag_ptr + 2 + found, 0, sem="acquire")
+            seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
         # Replay the summaries after it in walk order, as the sequential fold over tiles does: the carry is
         # the same bits whichever tile the search stopped at, so results do not depend on timing. The
         # REPLAY loads of a step do not depend on each other and are in flight together.
@@ -1304,14 +1304,14 @@ def _run_split(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor 
 def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor:
     """One launch of :func:`_lookback_kernel` (one program per tile) with its status buffer, called like
     :func:`_run`: pointers it does not name are None (never touched); flags it does not take are ignored,
-    those it takes default to 0. Returns the int32 status buffer; its first element is the flag of a BAIL
-    launch (1 if set)."""
+    those it takes default to 0. Returns the int32 status buffer; with BAIL only its statuses, counter and
+    flag, the last element the flag (1 if set)."""
     coef = ptrs["coef"]
     rows, length, dj = coef.shape
     chains = rows * plan.num_jblocks
     tiles = chains * plan.num_chunks
-    # One zeroed int32 buffer (one allocation, one fill): the BAIL flag, the tile counter, the tiles'
-    # statuses, then the summaries (3 BLOCK_J-wide slots per tile in the accumulator dtype), 128-byte aligned.
+    # One zeroed int32 buffer (one allocation, one fill): the tiles' statuses, the tile counter, the BAIL
+    # flag, then the summaries (3 BLOCK_J-wide slots per tile in the accumulator dtype), 128-byte aligned.
     head = -(-(tiles + 2) // 32) * 32
     words = _acc_dtype(coef).itemsize // 4
     status = torch.zeros(head + tiles * 3 * plan.block_j * words, dtype=torch.int32, device=coef.device)
@@ -1323,7 +1323,7 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tens
         REPLAY=LOOKBACK_REPLAY, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef),
         num_warps=plan.num_warps,
     )  # fmt: skip
-    return status
+    return status[: tiles + 2] if meta.get("BAIL") else status
 
 
 def _acc_dtype(x: Tensor) -> torch.dtype:

@@ -531,7 +531,7 @@ def _scan_fwd(
     plan = _device_plan(lc)
     grid = (batch * cdiv(width, plan.block_d) * plan.n_chunks,)
     sums, ends = _work(lc, plan), _work(lc, plan)
-    gate_args = (None, 0) if gate is None else (gate, 0)
+    gate_args = (None, 0) if gate is None else (gate, gate.numel() - 1)
     args: tuple[Any, ...] = (lc, b, h0, h, sums, ends, *gate_args, steps, width)
     args = (
         *args,
@@ -610,7 +610,7 @@ def _single_pass_plan(lc: Tensor, min_length: int = 0, backward: bool = False) -
 
 
 def _run_single_pass(plan: linear.ScanPlan, ptrs: dict[str, Tensor], flags: dict[str, int]) -> Tensor | None:
-    """Launch the kernel of ``plan`` (:func:`_single_pass_plan`); returns its BAIL flag buffer (the first
+    """Launch the kernel of ``plan`` (:func:`_single_pass_plan`); returns its BAIL flag buffer (the last
     element is 1 if set) when ``flags`` asks for BAIL."""
     if plan.strategy == "pipelined":
         return linear._run_pipelined(plan, ptrs, **flags)
