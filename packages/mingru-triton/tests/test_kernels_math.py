@@ -124,7 +124,7 @@ def test_kernels_take_the_flag(kernel: str, tmp_path: Path) -> None:
         warps = 4
     else:
         fn = linear._lookback_kernel
-        pointers = ("coef", "u", "init", "hout", "prevh", "prev0", "da", "dinit", "lb")
+        pointers = ("coef", "u", "init", "hout", "prevh", "prev0", "da", "dinit", "lb", "agg", "inc")
         signature = {f"{name}_ptr": "*fp32" for name in pointers}
         signature.update(flag_ptr="*i32", L="i32", DJ="i32", NJB="i32", CHAINS="i32", NT="i32")
         constants = dict.fromkeys(

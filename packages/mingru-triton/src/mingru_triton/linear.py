@@ -320,6 +320,8 @@ def _lookback_kernel(
     da_ptr,
     dinit_ptr,
     lb_ptr,
+    agg_ptr,
+    inc_ptr,
     flag_ptr,
     L,
     DJ,
@@ -368,13 +370,6 @@ def _lookback_kernel(
     Inputs contiguous (R, L, DJ).
     """
     tile = tl.atomic_add(flag_ptr + CHAINS * NT, 1).to(tl.int64)
-    # The summaries follow the statuses in the same buffer (128-byte aligned), three BLOCK_J-wide slots per
-    # tile: coefficient product, end state from 0 (status 1), final end state (status 2).
-    head = (CHAINS * NT + 2 + 31) // 32 * 32
-    if FP64:
-        agg_ptr = (flag_ptr + head).to(tl.pointer_type(tl.float64))
-    else:
-        agg_ptr = (flag_ptr + head).to(tl.pointer_type(tl.float32))
     k = tile // CHAINS
     chain = tile % CHAINS
     r = chain // NJB
@@ -423,8 +418,8 @@ def _lookback_kernel(
         if HAS_INIT:
             carry = _first_state(init_ptr, u_ptr, r, L, DJ, offs_j, mask_j, H0_SLOT, FP64)
     else:
-        tl.store(agg_ptr + (3 * tile) * BLOCK_J + lanes_j, p_end)
-        tl.store(agg_ptr + (3 * tile + 1) * BLOCK_J + lanes_j, h_end)
+        tl.store(agg_ptr + (2 * tile) * BLOCK_J + lanes_j, p_end)
+        tl.store(agg_ptr + (2 * tile + 1) * BLOCK_J + lanes_j, h_end)
         tl.debug_barrier()
         tl.atomic_xchg(status, 1, sem="release")
         # Walk back to the nearest earlier tile of the chain with a published final state, waiting at a
@@ -440,18 +435,18 @@ def _lookback_kernel(
         # Replay the summaries after it in walk order, as the sequential fold over tiles does: the carry is
         # the same bits whichever tile the search stopped at, so results do not depend on timing. The
         # REPLAY loads of a step do not depend on each other and are in flight together.
-        carry = tl.load(agg_ptr + (3 * found + 2) * BLOCK_J + lanes_j, cache_modifier=".cg")
+        carry = tl.load(inc_ptr + found * BLOCK_J + lanes_j, cache_modifier=".cg")
         for start in range(found + CHAINS, tile, CHAINS * REPLAY):
             for i in tl.static_range(REPLAY):
                 idx = start + CHAINS * i
                 use = (lanes_j * 0 + idx) < tile
-                slot = agg_ptr + (3 * idx) * BLOCK_J + lanes_j
+                slot = agg_ptr + (2 * idx) * BLOCK_J + lanes_j
                 p_i = tl.load(slot, mask=use, other=1.0, cache_modifier=".cg")
                 h_i = tl.load(slot + BLOCK_J, mask=use, other=0.0, cache_modifier=".cg")
                 carry = tl.where(use, h_i + p_i * carry, carry)
     final = h_end + p_end * carry
     if (k < NT - 1) & (k % SPARSE == 0):
-        tl.store(agg_ptr + (3 * tile + 2) * BLOCK_J + lanes_j, final)
+        tl.store(inc_ptr + tile * BLOCK_J + lanes_j, final)
         tl.debug_barrier()
         tl.atomic_xchg(status, 2, sem="release")
     h = h + p * carry[None, :]
@@ -1302,28 +1297,27 @@ def _run_split(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor 
 
 
 def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor:
-    """One launch of :func:`_lookback_kernel` (one program per tile) with its status buffer, called like
+    """One launch of :func:`_lookback_kernel` (one program per tile) with its status buffers, called like
     :func:`_run`: pointers it does not name are None (never touched); flags it does not take are ignored,
-    those it takes default to 0. Returns the int32 status buffer; with BAIL only its statuses, counter and
-    flag, the last element the flag (1 if set)."""
+    those it takes default to 0. Returns the int32 status buffer; its last element is the flag of a BAIL
+    launch (1 if set)."""
     coef = ptrs["coef"]
     rows, length, dj = coef.shape
     chains = rows * plan.num_jblocks
     tiles = chains * plan.num_chunks
-    # One zeroed int32 buffer (one allocation, one fill): the tiles' statuses, the tile counter, the BAIL
-    # flag, then the summaries (3 BLOCK_J-wide slots per tile in the accumulator dtype), 128-byte aligned.
-    head = -(-(tiles + 2) // 32) * 32
-    words = _acc_dtype(coef).itemsize // 4
-    status = torch.zeros(head + tiles * 3 * plan.block_j * words, dtype=torch.int32, device=coef.device)
+    acc = _acc_dtype(coef)
+    flag_buf = torch.zeros(tiles + 2, dtype=torch.int32, device=coef.device)
+    agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
+    inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
     args = list(map(ptrs.get, _LOOKBACK_PTRS))
     meta = _meta(_LOOKBACK_FLAGS, tuple(flags.items()))
     launch(
-        _lookback_kernel, (tiles,), *args, status, length, dj, plan.num_jblocks, chains,
+        _lookback_kernel, (tiles,), *args, agg, inc, flag_buf, length, dj, plan.num_jblocks, chains,
         plan.num_chunks, **meta, FAST=fast_math(coef), SPARSE=sparse_every(),
         REPLAY=LOOKBACK_REPLAY, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef),
         num_warps=plan.num_warps,
     )  # fmt: skip
-    return status[: tiles + 2] if meta.get("BAIL") else status
+    return flag_buf
 
 
 def _acc_dtype(x: Tensor) -> torch.dtype:
