@@ -130,24 +130,33 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
                 yield
             return
         own_config = affine._config
-        affine._config = lambda *a: {**own_config(*a), "STAGES": settings["stages"]}
+        asked = [0]
+
+        def config(*args: Any) -> dict[str, Any]:
+            asked[0] += 1
+            return {**own_config(*args), "STAGES": settings["stages"]}
+
+        affine._config = config
         try:
             with affine.force_strategy("chunked", settings["chunk"]):
                 yield
         finally:
             affine._config = own_config
+        _check_applied(asked[0], "affine._config")
         return
     if settings is None:
         with angle.force_strategy("sequential"):
             yield
         return
     own_plan = angle._plan
+    asked = [0]
 
     def plan(
         batch: int, steps: int, heads: int, k: int, layers: int, device: torch.device, itemsize: int = 4
     ) -> Any:
         """The settings' plan, forward and adjoint alike; the pair kernels load ahead where the op's own
         plan has them do so."""
+        asked[0] += 1
         if "lookback" in settings:
             if layers != 1:
                 raise ValueError(f"the single pass takes R = 1, got R={layers}")
@@ -174,6 +183,14 @@ def _forced(family: str, settings: dict[str, Any] | None) -> Iterator[None]:
             yield
     finally:
         angle._plan = own_plan
+    _check_applied(asked[0], "angle._plan")
+
+
+def _check_applied(asked: int, name: str) -> None:
+    """A block whose calls never asked the patched ``name`` for a plan did not run the settings: raise rather
+    than time the kernel's own plan under the settings' label."""
+    if not asked:
+        raise RuntimeError(f"settings not applied: nothing in the block called {name}")
 
 
 def _own_plan(family: str, shape: Shape, device: torch.device) -> str:
