@@ -354,25 +354,28 @@ def test_strategy_heuristic() -> None:
     assert linear.scan_plan(1, 8192, 2048, 1, 4).strategy == "chunked"  # 256 narrow programs < 2 x 132
 
     # the single-pass kernel, for scans without a running product: (channels, steps, warps) per tile
-    def tile(rows: int, length: int, dj: int, itemsize: int) -> tuple[str, int, int, int]:
-        plan = linear.scan_plan(rows, length, dj, 1, itemsize, single_pass=True)
+    def tile(
+        rows: int, length: int, dj: int, itemsize: int, backward: bool = False
+    ) -> tuple[str, int, int, int]:
+        plan = linear.scan_plan(rows, length, dj, 1, itemsize, single_pass=True, backward=backward)
         if plan.strategy == "lookback":
             assert plan.num_chunks == -(-length // plan.block_t)
             assert plan.num_jblocks == -(-dj // plan.block_j)
         return plan.strategy, plan.block_j, plan.block_t, plan.num_warps
 
     assert tile(8, 16384, 1024, 4) == ("lookback", 128, 16, 1)  # 64 chains of 128 channels
-    assert tile(8, 16384, 1024, 2) == ("lookback", 32, 32, 1)
+    assert tile(8, 16384, 1024, 2) == ("lookback", 32, 64, 1)  # 2-byte types: 64 steps forward,
+    assert tile(8, 16384, 1024, 2, backward=True) == ("lookback", 32, 32, 1)  # 32 backward
     assert tile(8, 16384, 1024, 8) == ("lookback", 64, 16, 1)
     assert tile(1, 8192, 1024, 8) == ("lookback", 64, 16, 1)  # 16 chains of 64 channels
     assert tile(1, 65536, 512, 8)[0] == "chunked"  # float64: 8 chains of 64 channels
     assert tile(1, 8192, 2048, 4) == ("lookback", 32, 64, 2)  # 16 chains of 128 channels
     assert tile(2, 65536, 1024, 4) == ("lookback", 32, 64, 2)
-    assert tile(1, 8192, 2048, 2) == ("lookback", 32, 32, 1)
+    assert tile(1, 8192, 2048, 2) == ("lookback", 32, 64, 1)
     assert tile(1, 65536, 256, 4) == ("lookback", 32, 256, 4)  # 8 chains of 32 channels
     assert tile(1, 65535, 256, 4) == ("lookback", 32, 128, 4)  # float32: 256 steps from T = 65536
     assert tile(1, 65536, 512, 2) == ("lookback", 16, 256, 4)  # 16 (16 channels wide)
-    assert tile(1, 65536, 544, 2) == ("lookback", 32, 32, 1)  # 17
+    assert tile(1, 65536, 544, 2) == ("lookback", 32, 64, 1)  # 17
     assert tile(1, 65536, 224, 4)[0] == "chunked"  # 7 chains
     assert tile(7, 4096, 32, 4)[0] == "chunked"
     assert tile(8, 2048, 32, 4) == ("lookback", 32, 128, 4)

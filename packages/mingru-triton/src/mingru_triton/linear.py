@@ -986,14 +986,18 @@ def scan_plan(
 
     - float32 with >= 64 chains of 128 channels: 128 x 16, one warp (16 bytes per lane);
     - float32 with fewer: 32 x 64, two warps;
-    - bfloat16/float16: 32 x 32, one warp;
+    - bfloat16/float16: 32 x 64 forward, 32 x 32 backward, one warp;
     - at most :data:`LOOKBACK_FEW_CHAINS` chains of 32 channels (any dtype but float64): 32 x 128
       (from :data:`LOOKBACK_LONG_TILES` steps 32 x 256; 2-byte types 16 x 256), four warps;
     - float64: 64 x 16, one warp, from 16 chains of 64 channels (not re-timed with the narrow tiles).
 
     On an H200, forward / backward in ms: 1 x 65536 x 256 fp32 32 x 128 x 4 warps 0.114 / 0.136 against
     0.307 / 0.493 for 128 x 16 (2 chains); 2 x 65536 x 1024 fp32 32 x 64 x 2 warps 0.512 / 0.789 against
-    0.655 / 0.803; 8 x 16384 x 1024 bf16 32 x 32 0.432 / 0.518 against 0.426 / 0.612 for 128 x 16.
+    0.655 / 0.803; 8 x 16384 x 1024 bf16 32 x 32 0.432 / 0.518 against 0.426 / 0.612 for 128 x 16. The
+    2-byte forward's 64 steps, H100, GPU time (CUDA graph) against 32 steps, in ms: 1 x 8192 x 2048 0.073 /
+    0.078, 2 x 16384 x 1024 0.136 / 0.147, 4 x 65536 x 512 0.513 / 0.560, 1 x 65536 x 1024 0.291 / 0.336;
+    the log forward's single pass 0.073 / 0.079, 0.126 / 0.145 and 0.448 / 0.533 at the first three. The
+    adjoint keeps 32 steps: with 64 it was level (H200, 1 x 8192 x 2048: 0.082 against 0.081 ms).
 
     k = 1 (v = 1): narrow single-warp programs, BLOCK_J = 8 channels (16 for 2-byte types: 32-byte rows)
     x BLOCK_T = 2048 / BLOCK_J rows (at most 256). Sequential when those programs number >= 2 x SMs or
@@ -1056,7 +1060,7 @@ def _make_plan(
         _lookback_chains_ok(rows, dj, itemsize) and length >= LOOKBACK_MIN_LENGTH
     )
     if block_v == 1 and single_pass and (forced is None or forced[0] == "lookback") and lookback:
-        block_j, block_t, num_warps = _lookback_tile(rows, dj, itemsize, length)
+        block_j, block_t, num_warps = _lookback_tile(rows, dj, itemsize, length, backward)
         block_t = (forced[2] if forced is not None else None) or min(block_t, max_block_t)
         njb, tiles = cdiv(max(dj, 1), block_j), cdiv(max(length, 1), block_t)
         return ScanPlan("lookback", block_t, block_j, 1, num_warps, block_t, tiles, njb)
@@ -1134,7 +1138,9 @@ def _lookback_chains_ok(rows: int, dj: int, itemsize: int) -> bool:
     return rows * cdiv(max(dj, 1), 32) >= LOOKBACK_MIN_CHAINS
 
 
-def _lookback_tile(rows: int, dj: int, itemsize: int, length: int) -> tuple[int, int, int]:
+def _lookback_tile(
+    rows: int, dj: int, itemsize: int, length: int, backward: bool = False
+) -> tuple[int, int, int]:
     """(BLOCK_J, BLOCK_T, warps) of the single-pass kernel; see :func:`scan_plan`."""
     width = next_pow2(max(dj, 1))
     if itemsize == 8:
@@ -1144,7 +1150,7 @@ def _lookback_tile(rows: int, dj: int, itemsize: int, length: int) -> tuple[int,
             return min(16, width), 256, 4
         return min(32, width), 256 if length >= LOOKBACK_LONG_TILES else 128, 4
     if itemsize <= 2:
-        return min(32, width), 32, 1
+        return min(32, width), 32 if backward else 64, 1
     if rows * cdiv(max(dj, 1), 128) < 64:
         return min(32, width), 64, 2
     return min(128, width), 16, 1
