@@ -378,6 +378,7 @@ def test_cuda_compiles_into_one_graph() -> None:
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.gpu_memory
 @on_gpu
 def test_cuda_indexes_past_2_31_elements() -> None:
     """A holds 2 * (2^20 + 64) * 32 * 32 > 2^31 elements: identities, then 8 random matrices at the end of

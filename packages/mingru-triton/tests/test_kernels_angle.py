@@ -688,6 +688,7 @@ class TestCuda:
             flat_grad(inputs, random_layout(6, 1, seed=4), 1, 1)
             flat_grad(inputs, layout_for("reflect", 6, 1), 0, 1)
 
+    @pytest.mark.gpu_memory
     def test_more_than_2_31_elements(self) -> None:
         """b, h: 2^31 + 2^16 bf16 elements each; the last heads checked against a float64 reference."""
         steps, heads, k = 1 << 17, 2050, 8

@@ -606,6 +606,7 @@ def test_cuda_pipelined_plan() -> None:
     _repeat_recurrence((8, 4096, 1024))
 
 
+@pytest.mark.gpu_memory
 @marked(on_cuda)
 def test_cuda_more_than_2_31_elements() -> None:
     """B T D > 2^31 (bf16): the last row's last channels match a float64 scan of those channels alone."""

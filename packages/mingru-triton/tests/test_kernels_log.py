@@ -519,6 +519,7 @@ class TestCuda:
         ref = parallel_scan_log_ref(log_coeffs.double(), log_values.double())
         assert ((h.double() - ref).abs() / ref.abs()).max().item() <= 1e-5
 
+    @pytest.mark.gpu_memory
     def test_single_pass_forward_at_65536_steps_and_its_fallback(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -553,6 +554,7 @@ class TestCuda:
             )
 
     @pytest.mark.slow
+    @pytest.mark.gpu_memory
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_more_than_2_31_elements(self, strategy: str) -> None:
         """B * T * D > 2^31 (bf16): check channels at the end of each row, whose offsets pass 2^31."""
