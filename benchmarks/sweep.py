@@ -177,20 +177,29 @@ def _plan(family: str, plan: Any) -> Iterator[None]:
             return
         module: Any = log if family == "log" else linear
         name = "_device_plan" if family == "log" else "_plan_for"
-        saved = getattr(module, name)
-        asked = [0]
-
-        def forced(*_: Any, **__: Any) -> Any:
-            asked[0] += 1
-            return plan
-
-        setattr(module, name, forced)
-        try:
+        with patched(module, name, lambda *_, **__: plan):
             yield
-        finally:
-            setattr(module, name, saved)
-        if not asked[0]:
-            raise RuntimeError(f"plan not applied: nothing in the block called {module.__name__}.{name}")
+
+
+@contextlib.contextmanager
+def patched(module: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """``module.name`` is ``replacement`` within the block. A block that never calls it raises once the
+    original is back, since its calls did not run the replacement's plan (a sweep would time the kernel's
+    own plan under another label)."""
+    saved = getattr(module, name)
+    asked = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        asked[0] += 1
+        return replacement(*args, **kwargs)
+
+    setattr(module, name, counted)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+    if not asked[0]:
+        raise RuntimeError(f"plan not applied: nothing in the block called {module.__name__}.{name}")
 
 
 def _linear_label(plan: linear.ScanPlan) -> str:

@@ -1138,9 +1138,7 @@ def _lookback_chains_ok(rows: int, dj: int, itemsize: int) -> bool:
     return rows * cdiv(max(dj, 1), 32) >= LOOKBACK_MIN_CHAINS
 
 
-def _lookback_tile(
-    rows: int, dj: int, itemsize: int, length: int, backward: bool = False
-) -> tuple[int, int, int]:
+def _lookback_tile(rows: int, dj: int, itemsize: int, length: int, backward: bool) -> tuple[int, int, int]:
     """(BLOCK_J, BLOCK_T, warps) of the single-pass kernel; see :func:`scan_plan`."""
     width = next_pow2(max(dj, 1))
     if itemsize == 8:
