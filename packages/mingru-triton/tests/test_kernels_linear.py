@@ -251,8 +251,9 @@ def test_pipelined_tiles_fold_or_not(columns: int, monkeypatch: pytest.MonkeyPat
 @marked(on_interpreter)
 def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
     """The pipelined walk with the heuristic's own tiles (no forced steps): forward 64 channels (the
-    second block mostly masked) x 32 steps (64 for 2-byte types) with two channels per thread and the
-    carry folded into a tile's first step, backward 64 (or 32 for 2-byte types) channels x 64 steps,
+    second block mostly masked) x 32 steps (64 for 2-byte types; float32 on so few chains 32 channels x 64
+    steps, the third block mostly masked) with two channels per thread and the carry folded into a tile's
+    first step, backward 64 (or 32 for 2-byte types) channels x 64 steps,
     float32 with the carry folded; seven tiles per row (four for 64 steps), the last partial. The same for
     the running product (A, Bc) and its adjoint, whose 32-channel tiles (all but float32) leave the third
     channel block mostly masked."""
@@ -264,8 +265,9 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
             *shape, 1, itemsize, max_block_t=64, single_pass=True, pipelined=True, backward=True
         )
         steps = 64 if itemsize == 2 else 32
+        fwd_tile = (32, 64) if itemsize == 4 else (64, steps)
         assert (fwd.strategy, fwd.block_j, fwd.block_t, fwd.num_warps, fwd.num_stages, fwd.columns) == (
-            "pipelined", 64, steps, 1, 4, 2)  # fmt: skip
+            "pipelined", *fwd_tile, 1, 4, 2)  # fmt: skip
         wide, columns = (32 if itemsize == 2 else 64), (4 if itemsize == 4 else 0)
         assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages, bwd.columns) == (
             "pipelined", wide, 64, 3, columns)  # fmt: skip
@@ -275,7 +277,7 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
         xf = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True)
         xb = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True, backward=True)
         assert (xf.strategy, xf.block_j, xf.block_t, xf.num_warps, xf.columns) == (
-            "pipelined", 64, steps, 1, 2)  # fmt: skip
+            "pipelined", *fwd_tile, 1, 2)  # fmt: skip
         x_wide = 64 if itemsize == 4 else 32
         assert (xb.strategy, xb.block_j, xb.block_t, xb.num_warps, xb.columns) == (
             "pipelined", x_wide, 64, 4, columns)  # fmt: skip
@@ -346,6 +348,15 @@ def test_strategy_heuristic() -> None:
     plan = linear.scan_plan(1, 1 << 20, 256, 1, 2)
     assert plan.strategy == "chunked" and (plan.block_j, plan.block_t, plan.num_warps) == (32, 64, 4)
     assert plan.chunk >= 1024 and plan.num_chunks * plan.num_jblocks >= 4 * 132
+    # the running product's forward: one warp from 32 chains of 32 channels (not backward)
+    chunked = linear.scan_plan(1, 1 << 16, 1024, 1, 2)
+    assert chunked.strategy == "chunked" and (chunked.block_j, chunked.block_t, chunked.num_warps) == (
+        32,
+        64,
+        1,
+    )
+    assert linear.scan_plan(1, 1 << 16, 1024, 1, 2, backward=True).num_warps == 4
+    assert linear.scan_plan(1, 1 << 16, 992, 1, 2).num_warps == 4  # 31 chains
     # k = 1 with enough rows x channels: narrow single-warp tiles of 2048 elements, 32-byte rows
     for itemsize, block_j in ((4, 8), (2, 16), (8, 8)):
         plan = linear.scan_plan(8, 16384, 1024, 1, itemsize)
@@ -395,8 +406,8 @@ def test_strategy_heuristic() -> None:
 def test_pipelined_heuristic() -> None:
     """The pipelined walk, for the callers that can run it (the k = 1 scans with or without the running
     product and their adjoints, not the log scan's single pass): from 7/8 of the SMs' worth of 64-channel
-    chains, T >= 1024, 2- and 4-byte types; (channels, steps, warps, stages, channels per thread) per
-    direction."""
+    chains (the recurrence's forward from 7/16, the running product's from 3/16), T >= 1024, 2- and 4-byte
+    types; (channels, steps, warps, stages, channels per thread) per direction."""
 
     def walk(
         rows: int,
@@ -424,11 +435,22 @@ def test_pipelined_heuristic() -> None:
     assert walk(16, 4096, 1024, 2, backward=True) == ("pipelined", 64, 64, 4, 3, 0)  # 512 > 264
     assert walk(8, 2048, 1030, 2, backward=True)[1] == 32  # 8 x 33 = 264 chains of 32 channels
     assert walk(8, 2048, 1060, 2, backward=True)[1] == 64  # 8 x 34 = 272
-    assert walk(116, 4096, 64, 4) == ("pipelined", 64, 32, 1, 4, 2)  # 116 >= 7/8 of 132 = 115.5
-    assert walk(115, 4096, 64, 4) == ("lookback",)
+    assert walk(116, 4096, 64, 4, backward=True)[0] == "pipelined"  # 116 >= 7/8 of 132 = 115.5
+    assert walk(115, 4096, 64, 4, backward=True) == ("lookback",)
+    assert walk(6, 4096, 1024, 2, backward=True) == ("lookback",)  # 96 chains
     assert walk(128, 4096, 16, 4)[1] == 16  # block_j <= next_pow2(D)
-    assert walk(4, 4096, 1024, 4) == ("lookback",)  # 64 chains: half the SMs
-    assert walk(4, 4096, 1024, 4, sms=64)[0] == "pipelined"
+    # the recurrence's forward from 7/16 of 132 = 57.75 chains; float32 takes 32-channel programs while
+    # they number at most the SMs
+    assert walk(58, 4096, 64, 2) == ("pipelined", 64, 64, 1, 4, 2)
+    assert walk(57, 4096, 64, 2) == ("lookback",)
+    assert walk(3, 4096, 1024, 4) == ("lookback",)  # 48 chains
+    assert walk(4, 4096, 1024, 4) == ("pipelined", 32, 64, 1, 4, 2)  # 128 chains of 32 channels
+    assert walk(4, 4096, 1024, 2) == ("pipelined", 64, 64, 1, 4, 2)
+    assert walk(5, 4096, 1024, 4) == ("pipelined", 64, 32, 1, 4, 2)  # 160 chains of 32 channels > 132
+    assert walk(116, 4096, 64, 4) == ("pipelined", 64, 32, 1, 4, 2)  # 232 > 132
+    assert walk(66, 4096, 32, 4) == ("pipelined", 32, 64, 1, 4, 2)  # 66 chains: one wave
+    assert walk(4, 4096, 1024, 4, backward=True) == ("lookback",)
+    assert walk(4, 4096, 1024, 4, backward=True, sms=64)[0] == "pipelined"
     assert walk(8, 1023, 1024, 4) == ("sequential",)  # short T
     assert walk(8, 4096, 1024, 8) == ("lookback",)  # float64: not timed
     assert (
@@ -442,7 +464,13 @@ def test_pipelined_heuristic() -> None:
     assert walk(8, 4096, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
     assert walk(8, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 64, 64, 4, 3, 4)
     assert walk(8, 4096, 1024, 2, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
-    assert walk(4, 4096, 1024, 4, x=True) == ("sequential",)  # 64 chains; no single pass for X
+    # its forward from 3/16 of 132 = 24.75 chains (no single pass for X); its adjoint from 7/8
+    assert walk(4, 4096, 1024, 4, x=True) == ("pipelined", 32, 64, 1, 4, 2)  # 128 chains of 32 channels
+    assert walk(2, 16384, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)  # 32 chains
+    assert walk(25, 4096, 64, 2, x=True)[0] == "pipelined"
+    assert walk(24, 4096, 64, 2, x=True)[0] == "chunked"
+    assert walk(1, 65536, 1024, 4, x=True)[0] == "chunked"  # 16 chains
+    assert walk(4, 4096, 1024, 4, backward=True, x=True) == ("sequential",)
     with linear.force_strategy("pipelined"):
         assert linear.scan_plan(8, 4096, 1024, 4, 4, pipelined=True).strategy == "sequential"  # v > 1
         assert walk(1, 8, 3, 8)[:3] == ("pipelined", 4, 32)
@@ -521,7 +549,9 @@ CUDA_SHAPES = [
 ]
 """(8, 2048, 1030) runs the pipelined walk, for the recurrence and for the running product alike (136 chains
 of 64 channels, the last mostly masked; the adjoints of bfloat16 and of the running product on 32-channel
-tiles), the others the single pass or the sequential and chunked plans."""
+tiles); (8, 4096, 512) and (4, 5000, 1030) (64 and 68 chains) run it for the forwards alone, float32 on
+32-channel programs (the last of (4, 5000, 1030) mostly masked); the others the single pass or
+the sequential and chunked plans."""
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

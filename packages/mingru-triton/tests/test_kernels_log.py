@@ -411,13 +411,26 @@ def test_strategy_heuristic(shape: tuple[int, int, int], expected: str) -> None:
 def test_single_pass_adjoint_heuristic() -> None:
     """The adjoint of log_recurrence_fwd takes the k = 1 single-pass plan where that heuristic does
     (T >= 1024), and so does the forward from T = LOOKBACK_FORWARD_MIN_LENGTH (2048), or the split walk
-    where the pipelined walk would run (128 chains of 64 channels)."""
+    for enough chains of 64 channels (128; 2-byte types from 75)."""
     big = torch.empty((8, 16384, 1024), device="meta")
     plan = log_kernels._single_pass_plan(big, backward=True)
     assert plan is not None and (plan.strategy, plan.block_j, plan.block_t) == ("lookback", 128, 16)
     plan = log_kernels._single_pass_plan(big)  # off CUDA 64-step tiles: eight warps of 8 steps
     assert plan is not None
     assert (plan.strategy, plan.block_j, plan.block_t, plan.num_warps) == ("split", 64, 64, 8)
+    # 2-byte types take the split walk from 9/16 of 132 = 74.25 chains, float32 from 7/8 = 115.5
+    for rows, dtype, strategy in [
+        (5, torch.bfloat16, "split"),  # 80 chains
+        (4, torch.bfloat16, "lookback"),
+        (5, torch.float16, "split"),
+        (7, torch.float32, "lookback"),  # 112 chains
+        (8, torch.float32, "split"),
+    ]:
+        lc = torch.empty((rows, 4096, 1024), dtype=dtype, device="meta")
+        plan = log_kernels._single_pass_plan(lc)
+        assert plan is not None and plan.strategy == strategy, (rows, dtype)
+        plan = log_kernels._single_pass_plan(lc, backward=True)  # the adjoint keeps the single pass
+        assert plan is not None and plan.strategy == "lookback", (rows, dtype)
     forward = log_kernels.LOOKBACK_FORWARD_MIN_LENGTH
     short = torch.empty((8, 1024, 1024), device="meta")
     assert log_kernels._single_pass_plan(short) is not None
@@ -485,7 +498,16 @@ def _cuda_case(shape: tuple[int, int, int], dtype: torch.dtype) -> tuple[Tensor,
     return log_inputs(shape, dtype, torch.device("cuda"))
 
 
-CUDA_SHAPES = [(8, 4096, 512), (4, 1000, 3001), (2, 65536, 256), (1, 2**20, 64), (64, 2048, 128)]
+CUDA_SHAPES = [
+    (8, 4096, 512),
+    (5, 4096, 1000),
+    (4, 1000, 3001),
+    (2, 65536, 256),
+    (1, 2**20, 64),
+    (64, 2048, 128),
+]
+"""(64, 2048, 128) and, for 2-byte types, (5, 4096, 1000) (80 chains of 64 channels, the last partly masked)
+run the split walk forward; (8, 4096, 512) and the others the single pass or the log kernel's own plans."""
 
 
 class TestCuda:

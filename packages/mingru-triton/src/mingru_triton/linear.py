@@ -895,9 +895,37 @@ LOOKBACK_LONG_TILES = 65536
 PIPELINED_MIN_FILL = 7 / 8
 """The pipelined walk runs (T >= :data:`LOOKBACK_MIN_LENGTH`, float32/bfloat16/float16) when rows x
 64-channel blocks number at least this fraction of the SMs: one program per chain must keep an SM busy.
-H200, GPU time of the forward against the single-pass kernel: (8, 4096, 1024) (128 programs for 132 SMs)
-float32 0.106 against 0.131 ms, bfloat16 0.086 against 0.116 ms; (4, 4096, 1024) (64 programs) float32
-0.083 against 0.073 ms, bfloat16 0.085 against 0.069 ms, so half the SMs are too few."""
+This holds for the adjoints and the float32 split walk; the recurrence's forward walk takes
+:data:`FORWARD_MIN_FILL`, the running product's :data:`SCAN_FORWARD_MIN_FILL` and the 2-byte split walk
+:data:`SPLIT_MIN_FILL`. H100, GPU time
+(CUDA graph) of the adjoint at T = 4096, D = 1024 against the single-pass kernel: B = 6 (96 chains)
+bfloat16 0.131 against 0.119 ms, B = 4 float32 0.172 against 0.129 ms (32-channel programs: 0.125)."""
+FORWARD_MIN_FILL = 7 / 16
+"""The recurrence's forward (``single_pass``, not ``backward``) takes the pipelined walk from this
+fraction of the SMs' worth of 64-channel chains: its one-warp programs outrun the single-pass kernel
+from about half the SMs. H100, GPU time (CUDA graph) at T = 4096, D = 1024, in ms, walk against single
+pass: bfloat16 B = 3 (48 chains) 0.057 / 0.056, B = 4 0.057 / 0.070, B = 5 0.058 / 0.084, B = 6 0.063 /
+0.099, (4, 16384, 1024) 0.218 / 0.250; float32 (32-channel programs up to B = 4, see
+:func:`_pipelined_tile`) B = 3 0.071 / 0.064, B = 4 0.072 / 0.080, B = 5 0.092 / 0.098, B = 6 0.105 /
+0.118, (4, 16384, 1024) 0.282 / 0.306."""
+SCAN_FORWARD_MIN_FILL = 3 / 16
+"""The forward with the running product (``linear_scan_fwd``, not ``single_pass``) takes the pipelined walk
+from this fraction of the SMs' worth of 64-channel chains: its alternatives, the sequential and chunked
+plans, are slower still. H100, GPU time (CUDA graph), walk (float32 on 32-channel programs) against the
+plan before it, in ms: (4, 4096, 1024) bfloat16 0.080 / 0.198, float32 0.096 / 0.261; (1, 8192, 2048)
+0.156 / 0.198 and 0.162 / 0.206; (2, 16384, 1024) 0.308 / 0.379 and 0.320 / 0.398 (bfloat16's best there
+was the chunked plan on one warp, 0.257)."""
+CHUNKED_ONE_WARP_CHAINS = 32
+"""From this many rows x 32-channel blocks the chunked plan of the forward with the running product
+(``linear_scan_fwd`` where the walk does not run) takes one warp per program instead of four. H100, GPU
+time (CUDA graph), one warp against four, in ms: (1, 65536, 1024) (32 chains) bfloat16 0.504 / 0.744,
+float32 0.629 / 0.780; (2, 65536, 512) 0.504 and 0.634 (one warp); but (1, 65536, 256) (8 chains)
+bfloat16 0.208 / 0.197, float32 0.230 / 0.209."""
+SPLIT_MIN_FILL = 9 / 16
+"""The log scan's 2-byte forward takes the split walk from this fraction of the SMs' worth of 64-channel
+chains (float32 keeps :data:`PIPELINED_MIN_FILL`). H100, GPU time (CUDA graph) of the bfloat16 forward at
+T = 4096, D = 1024 against the single pass, in ms: B = 4 (64 chains) 0.068 / 0.070 but (4, 16384, 1024)
+0.246 / 0.220, B = 5 0.067 / 0.079, B = 6 0.069 / 0.090; float32 B = 6 0.126 / 0.125."""
 
 
 class ScanPlan(NamedTuple):
@@ -957,15 +985,17 @@ def scan_plan(
     """Choose tiles and strategy for ``rows`` rows of ``length`` steps, ``dj`` coefficient channels x ``v``.
 
     ``split``: the caller can run the split walk (:func:`_split_walk_kernel`: the log scan's forward, whose
-    exps one warp per SM issues too slowly), taken wherever the pipelined walk would be
-    (:data:`PIPELINED_MIN_FILL`); its tiles in :func:`_split_tile`.
+    exps one warp per SM issues too slowly), taken for enough chains (:data:`SPLIT_MIN_FILL` for 2-byte
+    types, else :data:`PIPELINED_MIN_FILL`); its tiles in :func:`_split_tile`.
 
     ``pipelined``: the caller can run the pipelined walk (the k = 1 scans and their adjoints,
-    ``backward``), taken for enough chains (:data:`PIPELINED_MIN_FILL`). Its tiles (channels x steps,
-    warps, stages):
+    ``backward``), taken for enough chains (the recurrence's forward :data:`FORWARD_MIN_FILL`, the running
+    product's :data:`SCAN_FORWARD_MIN_FILL`, the adjoints :data:`PIPELINED_MIN_FILL`). Its tiles
+    (channels x steps, warps, stages):
 
-    - recurrence (``single_pass``): forward 64 x 32 (2-byte types 64 x 64) on one warp, 4 stages, two
-      channels per thread (each channel's steps in one thread); backward 64 x 64 on four warps, 3 stages
+    - recurrence (``single_pass``): forward 64 x 32 (2-byte types 64 x 64; float32 with at most SMs chains
+      of 32 channels 32 x 64, with or without the running product) on one warp, 4 stages, two channels
+      per thread (each channel's steps in one thread); backward 64 x 64 on four warps, 3 stages
       (float32: the carry folded in, as with channels per thread), and for 2-byte types with at most
       2 x SMs chains of 32 channels 32 x 128. On an H200 (GPU time, ms; forward / backward):
       (8, 16384, 1024) float32 0.386 / 0.684 against 0.490 / 0.745 for the single-pass kernel, bfloat16
@@ -1001,7 +1031,8 @@ def scan_plan(
 
     k = 1 (v = 1): narrow single-warp programs, BLOCK_J = 8 channels (16 for 2-byte types: 32-byte rows)
     x BLOCK_T = 2048 / BLOCK_J rows (at most 256). Sequential when those programs number >= 2 x SMs or
-    length <= 2048; otherwise chunked, with 32 channels x 64 rows and 4 warps per program. On an H200
+    length <= 2048; otherwise chunked, with 32 channels x 64 rows and 4 warps per program (1 warp for the
+    forward with the running product from :data:`CHUNKED_ONE_WARP_CHAINS` chains). On an H200
     (8 x 16384 x 1024, fp32) the sequential 8 x 256 single-warp tile ran the forward at 1.6x the copy
     floor, the former 64 x 32 four-warp chunked plan at 2.9x; for 1 x 65536 x 256 the chunked 32 x 64
     tile with 1024-step chunks ran at 3.5x, the former 64-channel, 512-step plan at 7.2x.
@@ -1037,7 +1068,8 @@ def _make_plan(
 ) -> ScanPlan:
     block_v = next_pow2(max(v, 1))
     if block_v == 1 and split and not backward:
-        ok = _pipelined_ok(rows, length, dj, itemsize, sms) if forced is None else forced[0] == "split"
+        fill = SPLIT_MIN_FILL if itemsize <= 2 else PIPELINED_MIN_FILL
+        ok = _pipelined_ok(rows, length, dj, itemsize, sms, fill) if forced is None else forced[0] == "split"
         if ok:
             block_j, block_t, num_warps, stages = _split_tile(dj, itemsize)
             block_t = (forced[2] if forced is not None else None) or min(block_t, max_block_t)
@@ -1046,7 +1078,11 @@ def _make_plan(
             return ScanPlan("split", block_t, block_j, 1, num_warps, max(length, 1), 1, njb, stages, 2)
     if forced is not None and forced[0] == "split":
         forced = None  # a scan the split walk does not serve keeps the heuristic's plan
-    walk = _pipelined_ok(rows, length, dj, itemsize, sms) if forced is None else forced[0] == "pipelined"
+    fill = PIPELINED_MIN_FILL if backward else FORWARD_MIN_FILL if single_pass else SCAN_FORWARD_MIN_FILL
+    if forced is not None:
+        walk = forced[0] == "pipelined"
+    else:
+        walk = _pipelined_ok(rows, length, dj, itemsize, sms, fill)
     if block_v == 1 and pipelined and walk:
         block_j, block_t, num_warps, stages, columns = _pipelined_tile(
             rows, dj, itemsize, sms, backward, not single_pass
@@ -1070,7 +1106,9 @@ def _make_plan(
         block_t = max(8, min(max_block_t, 2048 // block_j))
         num_warps, min_chunk, enough = 1, 1024, 2 * sms
         if rows * cdiv(max(dj, 1), block_j) < enough and length > 2048:
-            block_j, block_t, num_warps = min(next_pow2(max(dj, 1)), 32), 64, 4
+            block_j, block_t = min(next_pow2(max(dj, 1)), 32), 64
+            one = not (single_pass or backward) and rows * cdiv(max(dj, 1), 32) >= CHUNKED_ONE_WARP_CHAINS
+            num_warps = 1 if one else 4
     else:
         width = 128 if itemsize <= 2 else 64
         block_j = max(1, min(next_pow2(max(dj, 1)), width // block_v))
@@ -1092,11 +1130,11 @@ def _make_plan(
     return ScanPlan("chunked", block_t, block_j, block_v, num_warps, chunk, cdiv(length, chunk), njb)
 
 
-def _pipelined_ok(rows: int, length: int, dj: int, itemsize: int, sms: int) -> bool:
-    """Enough 64-channel chains for the pipelined walk (:data:`PIPELINED_MIN_FILL`), T long enough, and
-    not float64 (not timed)."""
+def _pipelined_ok(rows: int, length: int, dj: int, itemsize: int, sms: int, fill: float) -> bool:
+    """Enough 64-channel chains for a walk (at least ``fill`` x SMs), T long enough, and not float64 (not
+    timed)."""
     chains = rows * cdiv(max(dj, 1), 64)
-    return itemsize <= 4 and length >= LOOKBACK_MIN_LENGTH and chains >= PIPELINED_MIN_FILL * sms
+    return itemsize <= 4 and length >= LOOKBACK_MIN_LENGTH and chains >= fill * sms
 
 
 def _pipelined_tile(
@@ -1105,6 +1143,8 @@ def _pipelined_tile(
     """(BLOCK_J, BLOCK_T, warps, stages, channels per thread) of the pipelined walk; see :func:`scan_plan`.
     ``with_x``: the scan also carries the running product (forward) or its adjoint (backward)."""
     width = next_pow2(max(dj, 1))
+    if not backward and itemsize == 4 and rows * cdiv(max(dj, 1), 32) <= sms:
+        return min(32, width), 64, 1, 4, 2  # float32 chains of 32 channels fit in one wave
     if not backward:
         return min(64, width), 64 if itemsize <= 2 else 32, 1, 4, 2
     if with_x:
