@@ -223,7 +223,7 @@ def _own_plan(family: str, x: Tensor, mode: str = "fwd") -> str:
         return _linear_label(fwd)
     single = log._single_pass_plan(x, min_length=log.LOOKBACK_FORWARD_MIN_LENGTH)
     if single is not None:
-        return f"lookback d{single.block_j} t{single.block_t} w{single.num_warps}"
+        return f"{single.strategy} d{single.block_j} t{single.block_t} w{single.num_warps}"
     q = log._device_plan(x)
     chunk = f" c{q.chunk}" if q.n_chunks > 1 else ""
     label = f"{q.strategy} d{q.block_d} t{q.block_t} w{q.num_warps}{chunk}"
