@@ -546,11 +546,13 @@ CUDA_SHAPES = [
     (2, 1 << 16, 257),
     (1, 1 << 20, 16),
     (1, 100_003, 64),
+    (1, 4096, 1024),
 ]
 """(8, 2048, 1030) runs the pipelined walk, for the recurrence and for the running product alike (136 chains
 of 64 channels, the last mostly masked; the adjoints of bfloat16 and of the running product on 32-channel
 tiles); (8, 4096, 512) and (4, 5000, 1030) (64 and 68 chains) run it for the forwards alone, float32 on
-32-channel programs (the last of (4, 5000, 1030) mostly masked); the others the single pass or
+32-channel programs (the last of (4, 5000, 1030) mostly masked); (1, 4096, 1024) (16 chains) the chunked
+plan of the running product's forward on one warp (32 chains of 32 channels); the others the single pass or
 the sequential and chunked plans."""
 
 

@@ -897,9 +897,9 @@ PIPELINED_MIN_FILL = 7 / 8
 64-channel blocks number at least this fraction of the SMs: one program per chain must keep an SM busy.
 This holds for the adjoints and the float32 split walk; the recurrence's forward walk takes
 :data:`FORWARD_MIN_FILL`, the running product's :data:`SCAN_FORWARD_MIN_FILL` and the 2-byte split walk
-:data:`SPLIT_MIN_FILL`. H100, GPU time
-(CUDA graph) of the adjoint at T = 4096, D = 1024 against the single-pass kernel: B = 6 (96 chains)
-bfloat16 0.131 against 0.119 ms, B = 4 float32 0.172 against 0.129 ms (32-channel programs: 0.125)."""
+:data:`SPLIT_MIN_FILL`. H100, GPU time (CUDA graph) of the adjoint at T = 4096, D = 1024 against the
+single-pass kernel: B = 6 (96 chains) bfloat16 0.131 against 0.119 ms, B = 4 float32 0.172 against
+0.129 ms (32-channel programs: 0.125)."""
 FORWARD_MIN_FILL = 7 / 16
 """The recurrence's forward (``single_pass``, not ``backward``) takes the pipelined walk from this
 fraction of the SMs' worth of 64-channel chains: its one-warp programs outrun the single-pass kernel
@@ -907,7 +907,8 @@ from about half the SMs. H100, GPU time (CUDA graph) at T = 4096, D = 1024, in m
 pass: bfloat16 B = 3 (48 chains) 0.057 / 0.056, B = 4 0.057 / 0.070, B = 5 0.058 / 0.084, B = 6 0.063 /
 0.099, (4, 16384, 1024) 0.218 / 0.250; float32 (32-channel programs up to B = 4, see
 :func:`_pipelined_tile`) B = 3 0.071 / 0.064, B = 4 0.072 / 0.080, B = 5 0.092 / 0.098, B = 6 0.105 /
-0.118, (4, 16384, 1024) 0.282 / 0.306."""
+0.118, (4, 16384, 1024) 0.282 / 0.306. An earlier walk had been slower there on an H200 (B = 4: float32
+0.083 against 0.073 ms, bfloat16 0.085 against 0.069); the current one is not yet timed on an H200."""
 SCAN_FORWARD_MIN_FILL = 3 / 16
 """The forward with the running product (``linear_scan_fwd``, not ``single_pass``) takes the pipelined walk
 from this fraction of the SMs' worth of 64-channel chains: its alternatives, the sequential and chunked
