@@ -350,11 +350,7 @@ def test_strategy_heuristic() -> None:
     assert plan.chunk >= 1024 and plan.num_chunks * plan.num_jblocks >= 4 * 132
     # the running product's forward: one warp from 32 chains of 32 channels (not backward)
     chunked = linear.scan_plan(1, 1 << 16, 1024, 1, 2)
-    assert chunked.strategy == "chunked" and (chunked.block_j, chunked.block_t, chunked.num_warps) == (
-        32,
-        64,
-        1,
-    )
+    assert (chunked.strategy, chunked.block_j, chunked.block_t, chunked.num_warps) == ("chunked", 32, 64, 1)
     assert linear.scan_plan(1, 1 << 16, 1024, 1, 2, backward=True).num_warps == 4
     assert linear.scan_plan(1, 1 << 16, 992, 1, 2).num_warps == 4  # 31 chains
     # k = 1 with enough rows x channels: narrow single-warp tiles of 2048 elements, 32-byte rows

@@ -1106,9 +1106,9 @@ def _make_plan(
         block_j = min(next_pow2(max(dj, 1)), narrow)
         block_t = max(8, min(max_block_t, 2048 // block_j))
         num_warps, min_chunk, enough = 1, 1024, 2 * sms
-        if rows * cdiv(max(dj, 1), block_j) < enough and length > 2048:
+        if _chains(rows, dj, block_j) < enough and length > 2048:
             block_j, block_t = min(next_pow2(max(dj, 1)), 32), 64
-            one = not (single_pass or backward) and rows * cdiv(max(dj, 1), 32) >= CHUNKED_ONE_WARP_CHAINS
+            one = not (single_pass or backward) and _chains(rows, dj, 32) >= CHUNKED_ONE_WARP_CHAINS
             num_warps = 1 if one else 4
     else:
         width = 128 if itemsize <= 2 else 64
@@ -1131,11 +1131,15 @@ def _make_plan(
     return ScanPlan("chunked", block_t, block_j, block_v, num_warps, chunk, cdiv(length, chunk), njb)
 
 
+def _chains(rows: int, dj: int, width: int) -> int:
+    """Rows x ``width``-channel blocks: the chains a plan of ``width``-channel programs walks."""
+    return rows * cdiv(max(dj, 1), width)
+
+
 def _pipelined_ok(rows: int, length: int, dj: int, itemsize: int, sms: int, fill: float) -> bool:
     """Enough 64-channel chains for a walk (at least ``fill`` x SMs), T long enough, and not float64 (not
     timed)."""
-    chains = rows * cdiv(max(dj, 1), 64)
-    return itemsize <= 4 and length >= LOOKBACK_MIN_LENGTH and chains >= fill * sms
+    return itemsize <= 4 and length >= LOOKBACK_MIN_LENGTH and _chains(rows, dj, 64) >= fill * sms
 
 
 def _pipelined_tile(
@@ -1144,13 +1148,13 @@ def _pipelined_tile(
     """(BLOCK_J, BLOCK_T, warps, stages, channels per thread) of the pipelined walk; see :func:`scan_plan`.
     ``with_x``: the scan also carries the running product (forward) or its adjoint (backward)."""
     width = next_pow2(max(dj, 1))
-    if not backward and itemsize == 4 and rows * cdiv(max(dj, 1), 32) <= sms:
-        return min(32, width), 64, 1, 4, 2  # float32 chains of 32 channels fit in one wave
     if not backward:
+        if itemsize == 4 and _chains(rows, dj, 32) <= sms:
+            return min(32, width), 64, 1, 4, 2  # float32 chains of 32 channels fit in one wave
         return min(64, width), 64 if itemsize <= 2 else 32, 1, 4, 2
     if with_x:
         return (min(64, width), 64, 4, 3, 4) if itemsize == 4 else (min(32, width), 64, 4, 3, 0)
-    if itemsize <= 2 and rows * cdiv(max(dj, 1), 32) <= 2 * sms:
+    if itemsize <= 2 and _chains(rows, dj, 32) <= 2 * sms:
         return min(32, width), 128, 4, 3, 0
     return min(64, width), 64, 4, 3, 4 if itemsize == 4 else 0
 
@@ -1175,8 +1179,8 @@ def _lookback_chains_ok(rows: int, dj: int, itemsize: int) -> bool:
     """Enough chains for the single-pass kernel: :data:`LOOKBACK_MIN_CHAINS` of 32 channels; float64, whose
     tile stays 64 channels wide, keeps its former rule of 16 chains of 64 channels."""
     if itemsize == 8:
-        return rows * cdiv(max(dj, 1), 64) >= 16
-    return rows * cdiv(max(dj, 1), 32) >= LOOKBACK_MIN_CHAINS
+        return _chains(rows, dj, 64) >= 16
+    return _chains(rows, dj, 32) >= LOOKBACK_MIN_CHAINS
 
 
 def _lookback_tile(rows: int, dj: int, itemsize: int, length: int, backward: bool) -> tuple[int, int, int]:
@@ -1184,13 +1188,13 @@ def _lookback_tile(rows: int, dj: int, itemsize: int, length: int, backward: boo
     width = next_pow2(max(dj, 1))
     if itemsize == 8:
         return min(64, width), 16, 1
-    if rows * cdiv(max(dj, 1), 32) <= LOOKBACK_FEW_CHAINS:
+    if _chains(rows, dj, 32) <= LOOKBACK_FEW_CHAINS:
         if itemsize <= 2:
             return min(16, width), 256, 4
         return min(32, width), 256 if length >= LOOKBACK_LONG_TILES else 128, 4
     if itemsize <= 2:
         return min(32, width), 32 if backward else 64, 1
-    if rows * cdiv(max(dj, 1), 128) < 64:
+    if _chains(rows, dj, 128) < 64:
         return min(32, width), 64, 2
     return min(128, width), 16, 1
 
