@@ -348,11 +348,17 @@ def test_strategy_heuristic() -> None:
     plan = linear.scan_plan(1, 1 << 20, 256, 1, 2)
     assert plan.strategy == "chunked" and (plan.block_j, plan.block_t, plan.num_warps) == (32, 64, 4)
     assert plan.chunk >= 1024 and plan.num_chunks * plan.num_jblocks >= 4 * 132
-    # the running product's forward: one warp from 32 chains of 32 channels (not backward)
+    # the running product's forward: one warp from 32 chains of 32 channels (not backward), with chunks of
+    # at least 512 steps, the longest that still give 16 x SMs programs
     chunked = linear.scan_plan(1, 1 << 16, 1024, 1, 2)
     assert (chunked.strategy, chunked.block_j, chunked.block_t, chunked.num_warps) == ("chunked", 32, 64, 1)
-    assert linear.scan_plan(1, 1 << 16, 1024, 1, 2, backward=True).num_warps == 4
-    assert linear.scan_plan(1, 1 << 16, 992, 1, 2).num_warps == 4  # 31 chains
+    assert (chunked.chunk, chunked.num_chunks) == (512, 128)  # 32 x 128 programs >= 16 x 132
+    assert linear.scan_plan(1, 1 << 20, 1024, 1, 2).chunk == 8192  # 32 x 128 again
+    assert linear.scan_plan(1, 4096, 1024, 1, 2).chunk == 512  # the shortest
+    backward = linear.scan_plan(1, 1 << 16, 1024, 1, 2, backward=True)
+    assert (backward.num_warps, backward.chunk) == (4, 2048)  # 32 x 32 programs >= 4 x 132
+    four = linear.scan_plan(1, 1 << 16, 992, 1, 2)  # 31 chains
+    assert (four.num_warps, four.chunk) == (4, 2048)
     # k = 1 with enough rows x channels: narrow single-warp tiles of 2048 elements, 32-byte rows
     for itemsize, block_j in ((4, 8), (2, 16), (8, 8)):
         plan = linear.scan_plan(8, 16384, 1024, 1, itemsize)
@@ -460,9 +466,14 @@ def test_pipelined_heuristic() -> None:
     assert walk(8, 4096, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
     assert walk(8, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 64, 64, 4, 3, 4)
     assert walk(8, 4096, 1024, 2, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
-    # its forward from 3/16 of 132 = 24.75 chains (no single pass for X); its adjoint from 7/8
+    # its forward from 3/16 of 132 = 24.75 chains (no single pass for X), 2-byte types from T = 8192 from
+    # 5/16 = 41.25 chains; its adjoint from 7/8
     assert walk(4, 4096, 1024, 4, x=True) == ("pipelined", 32, 64, 1, 4, 2)  # 128 chains of 32 channels
-    assert walk(2, 16384, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)  # 32 chains
+    assert walk(2, 16384, 1024, 4, x=True) == ("pipelined", 32, 64, 1, 4, 2)  # 32 chains
+    assert walk(2, 8191, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
+    assert walk(2, 8192, 1024, 2, x=True)[0] == "chunked"
+    assert walk(42, 8192, 64, 2, x=True)[0] == "pipelined"
+    assert walk(41, 8192, 64, 2, x=True)[0] == "chunked"
     assert walk(25, 4096, 64, 2, x=True)[0] == "pipelined"
     assert walk(24, 4096, 64, 2, x=True)[0] == "chunked"
     assert walk(1, 65536, 1024, 4, x=True)[0] == "chunked"  # 16 chains

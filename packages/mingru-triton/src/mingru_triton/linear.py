@@ -911,17 +911,29 @@ pass: bfloat16 B = 3 (48 chains) 0.057 / 0.056, B = 4 0.057 / 0.070, B = 5 0.058
 0.083 against 0.073 ms, bfloat16 0.085 against 0.069); the current one is not yet timed on an H200."""
 SCAN_FORWARD_MIN_FILL = 3 / 16
 """The forward with the running product (``linear_scan_fwd``, not ``single_pass``) takes the pipelined walk
-from this fraction of the SMs' worth of 64-channel chains: its alternatives, the sequential and chunked
-plans, are slower still. H100, GPU time (CUDA graph), walk (float32 on 32-channel programs) against the
-plan before it, in ms: (4, 4096, 1024) bfloat16 0.080 / 0.198, float32 0.096 / 0.261; (1, 8192, 2048)
-0.156 / 0.198 and 0.162 / 0.206; (2, 16384, 1024) 0.308 / 0.379 and 0.320 / 0.398 (bfloat16's best there
-was the chunked plan on one warp, 0.257)."""
+from this fraction of the SMs' worth of 64-channel chains (2-byte types from
+:data:`SCAN_FORWARD_LONG_LENGTH` steps: :data:`SCAN_FORWARD_LONG_MIN_FILL`). H100, GPU time (CUDA graph),
+walk (float32 on 32-channel programs) against the plan before it, in ms: (4, 4096, 1024) bfloat16 0.080 /
+0.198, float32 0.096 / 0.261; (1, 8192, 2048) float32 0.162 / 0.206 (the chunked plan on one warp with
+512-step chunks: 0.168); (2, 16384, 1024) float32 0.320 / 0.398 (one warp, 512 steps: 0.312); (2, 4096,
+1024) bfloat16 0.079 against 0.109 for one warp and 512 steps."""
+SCAN_FORWARD_LONG_LENGTH = 8192
+"""From this many steps the 2-byte forward with the running product walks from
+:data:`SCAN_FORWARD_LONG_MIN_FILL`."""
+SCAN_FORWARD_LONG_MIN_FILL = 5 / 16
+"""From :data:`SCAN_FORWARD_LONG_LENGTH` steps the 2-byte forward with the running product takes the walk
+from this fraction of the SMs' worth of 64-channel chains (41.25 of 132): below it the chunked plan on one
+warp with 512-step chunks outruns the walk, whose time grows with T alone. H100, GPU time (CUDA graph),
+bfloat16, walk against that chunked plan, in ms: 32 chains (2, 8192, 1024) 0.156 / 0.134, (1, 16384,
+2048) 0.308 / 0.222, (2, 16384, 1024) 0.308 / 0.224; 48 chains (3, 8192, 1024) 0.156 / 0.161."""
 CHUNKED_ONE_WARP_CHAINS = 32
 """From this many rows x 32-channel blocks the chunked plan of the forward with the running product
-(``linear_scan_fwd`` where the walk does not run) takes one warp per program instead of four. H100, GPU
-time (CUDA graph), one warp against four, in ms: (1, 65536, 1024) (32 chains) bfloat16 0.504 / 0.744,
-float32 0.629 / 0.780; (2, 65536, 512) 0.504 and 0.634 (one warp); but (1, 65536, 256) (8 chains)
-bfloat16 0.208 / 0.197, float32 0.230 / 0.209."""
+(``linear_scan_fwd`` where the walk does not run) takes one warp per program instead of four, and chunks
+of at least 512 steps, the longest that still give 16 x SMs programs (four warps: 1024 steps, 4 x SMs). H100,
+GPU time (CUDA graph), one warp against four (2048-step chunks), in ms: (1, 65536, 1024) (32 chains)
+bfloat16 0.504 / 0.744, float32 0.629 / 0.780; but (1, 65536, 256) (8 chains) bfloat16 0.208 / 0.197,
+float32 0.230 / 0.209. One warp, chunks of 512 / 1024 / 2048 steps: (1, 65536, 1024) bfloat16 0.400 /
+0.427 / 0.504, float32 0.602 / 0.610 / 0.631; (2, 16384, 1024) bfloat16 0.224 / 0.258 / -."""
 SPLIT_MIN_FILL = 9 / 16
 """The log scan's 2-byte forward takes the split walk from this fraction of the SMs' worth of 64-channel
 chains (float32 keeps :data:`PIPELINED_MIN_FILL`). H100, GPU time (CUDA graph) of the bfloat16 forward at
@@ -991,8 +1003,8 @@ def scan_plan(
 
     ``pipelined``: the caller can run the pipelined walk (the k = 1 scans and their adjoints,
     ``backward``), taken for enough chains (the recurrence's forward :data:`FORWARD_MIN_FILL`, the running
-    product's :data:`SCAN_FORWARD_MIN_FILL`, the adjoints :data:`PIPELINED_MIN_FILL`). Its tiles
-    (channels x steps, warps, stages):
+    product's :data:`SCAN_FORWARD_MIN_FILL` or :data:`SCAN_FORWARD_LONG_MIN_FILL`, the adjoints
+    :data:`PIPELINED_MIN_FILL`). Its tiles (channels x steps, warps, stages):
 
     - recurrence (``single_pass``): forward 64 x 32 (2-byte types 64 x 64; float32 with at most SMs chains
       of 32 channels 32 x 64, with or without the running product) on one warp, 4 stages, two channels
@@ -1042,9 +1054,9 @@ def scan_plan(
     types); BLOCK_T so a tile holds 2048 elements, clipped to [8, 64]; 4 warps (8 past 2048 elements);
     sequential when rows x channel blocks >= SMs or length <= 2048.
 
-    Chunks: a power of two >= 512 steps (1024 for k = 1), the largest that still gives 4 x SMs programs
-    (row, chunk, channel block). ``max_block_t`` caps BLOCK_T (64 for CPU tensors: the interpreter runs
-    every row of a tile, masked or not).
+    Chunks: a power of two >= 512 steps (1024 for k = 1 on four warps), the largest that still gives 4 x SMs
+    programs (row, chunk, channel block; 16 x SMs for k = 1 on one warp). ``max_block_t`` caps BLOCK_T (64
+    for CPU tensors: the interpreter runs every row of a tile, masked or not).
     """
     forced = _FORCED[-1] if _FORCED else None
     plan = _cached_plan if type(rows) is type(length) is type(dj) is int else _make_plan  # not SymInts
@@ -1079,7 +1091,14 @@ def _make_plan(
             return ScanPlan("split", block_t, block_j, 1, num_warps, max(length, 1), 1, njb, stages, 2)
     if forced is not None and forced[0] == "split":
         forced = None  # a scan the split walk does not serve keeps the heuristic's plan
-    fill = PIPELINED_MIN_FILL if backward else FORWARD_MIN_FILL if single_pass else SCAN_FORWARD_MIN_FILL
+    if backward:
+        fill = PIPELINED_MIN_FILL
+    elif single_pass:
+        fill = FORWARD_MIN_FILL
+    elif itemsize <= 2 and length >= SCAN_FORWARD_LONG_LENGTH:
+        fill = SCAN_FORWARD_LONG_MIN_FILL
+    else:
+        fill = SCAN_FORWARD_MIN_FILL
     if forced is not None:
         walk = forced[0] == "pipelined"
     else:
@@ -1105,17 +1124,17 @@ def _make_plan(
         narrow = 16 if itemsize <= 2 else 8
         block_j = min(next_pow2(max(dj, 1)), narrow)
         block_t = max(8, min(max_block_t, 2048 // block_j))
-        num_warps, min_chunk, enough = 1, 1024, 2 * sms
+        num_warps, min_chunk, enough, per_sm = 1, 1024, 2 * sms, 4
         if _chains(rows, dj, block_j) < enough and length > 2048:
             block_j, block_t = min(next_pow2(max(dj, 1)), 32), 64
             one = not (single_pass or backward) and _chains(rows, dj, 32) >= CHUNKED_ONE_WARP_CHAINS
-            num_warps = 1 if one else 4
+            num_warps, min_chunk, per_sm = (1, 512, 16) if one else (4, 1024, 4)
     else:
         width = 128 if itemsize <= 2 else 64
         block_j = max(1, min(next_pow2(max(dj, 1)), width // block_v))
         block_t = max(8, min(64, 2048 // (block_j * block_v)))
         num_warps = 4 if block_t * block_j * block_v <= 2048 else 8
-        min_chunk, enough = 512, sms
+        min_chunk, enough, per_sm = 512, sms, 4
     njb = cdiv(max(dj, 1), block_j)
     programs = rows * njb
     strategy = "sequential" if programs >= enough or length <= 2048 else "chunked"
@@ -1124,7 +1143,7 @@ def _make_plan(
         strategy, chunk, forced_t = forced
         block_t = forced_t or block_t
     if strategy == "chunked" and chunk is None:
-        wanted = cdiv(4 * sms, max(programs, 1))
+        wanted = cdiv(per_sm * sms, max(programs, 1))
         chunk = max(min_chunk, 1 << (cdiv(length, wanted).bit_length() - 1))
     if strategy == "sequential" or chunk is None or chunk >= length:
         return ScanPlan("sequential", block_t, block_j, block_v, num_warps, max(length, 1), 1, njb)
