@@ -349,12 +349,12 @@ def test_strategy_heuristic() -> None:
     assert plan.strategy == "chunked" and (plan.block_j, plan.block_t, plan.num_warps) == (32, 64, 4)
     assert plan.chunk >= 1024 and plan.num_chunks * plan.num_jblocks >= 4 * 132
     # the running product's forward: one warp from 32 chains of 32 channels (not backward), with chunks of
-    # at least 512 steps, the longest that still give 16 x SMs programs
+    # at least 256 steps, the longest that still give 64 x SMs programs
     chunked = linear.scan_plan(1, 1 << 16, 1024, 1, 2)
     assert (chunked.strategy, chunked.block_j, chunked.block_t, chunked.num_warps) == ("chunked", 32, 64, 1)
-    assert (chunked.chunk, chunked.num_chunks) == (512, 128)  # 32 x 128 programs >= 16 x 132
-    assert linear.scan_plan(1, 1 << 20, 1024, 1, 2).chunk == 8192  # 32 x 128 again
-    assert linear.scan_plan(1, 4096, 1024, 1, 2).chunk == 512  # the shortest
+    assert (chunked.chunk, chunked.num_chunks) == (256, 256)  # the shortest
+    assert linear.scan_plan(1, 1 << 20, 1024, 1, 2).chunk == 2048  # 32 x 512 programs >= 64 x 132
+    assert linear.scan_plan(1, 1 << 22, 1024, 1, 2).chunk == 8192
     backward = linear.scan_plan(1, 1 << 16, 1024, 1, 2, backward=True)
     assert (backward.num_warps, backward.chunk) == (4, 2048)  # 32 x 32 programs >= 4 x 132
     four = linear.scan_plan(1, 1 << 16, 992, 1, 2)  # 31 chains

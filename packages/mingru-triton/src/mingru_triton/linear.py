@@ -929,11 +929,12 @@ bfloat16, walk against that chunked plan, in ms: 32 chains (2, 8192, 1024) 0.156
 CHUNKED_ONE_WARP_CHAINS = 32
 """From this many rows x 32-channel blocks the chunked plan of the forward with the running product
 (``linear_scan_fwd`` where the walk does not run) takes one warp per program instead of four, and chunks
-of at least 512 steps, the longest that still give 16 x SMs programs (four warps: 1024 steps, 4 x SMs). H100,
-GPU time (CUDA graph), one warp against four (2048-step chunks), in ms: (1, 65536, 1024) (32 chains)
+of at least 256 steps, the longest that still give 64 x SMs programs (four warps: 1024 steps, 4 x SMs).
+H100, GPU time (CUDA graph), one warp against four (2048-step chunks), in ms: (1, 65536, 1024) (32 chains)
 bfloat16 0.504 / 0.744, float32 0.629 / 0.780; but (1, 65536, 256) (8 chains) bfloat16 0.208 / 0.197,
-float32 0.230 / 0.209. One warp, chunks of 512 / 1024 / 2048 steps: (1, 65536, 1024) bfloat16 0.400 /
-0.427 / 0.504, float32 0.602 / 0.610 / 0.631; (2, 16384, 1024) bfloat16 0.224 / 0.258 / -."""
+float32 0.230 / 0.209. One warp, chunks of 256 / 512 / 1024 / 2048 steps: (1, 65536, 1024) bfloat16 0.386 /
+0.400 / 0.427 / 0.504, float32 0.597 / 0.602 / 0.610 / 0.631; (2, 16384, 1024) bfloat16 0.206 / 0.221 /
+0.258 / -; (1, 4096, 1024) bfloat16 0.040 / 0.066, float32 0.063 / 0.100."""
 SPLIT_MIN_FILL = 9 / 16
 """The log scan's 2-byte forward takes the split walk from this fraction of the SMs' worth of 64-channel
 chains (float32 keeps :data:`PIPELINED_MIN_FILL`). H100, GPU time (CUDA graph) of the bfloat16 forward at
@@ -1055,8 +1056,9 @@ def scan_plan(
     sequential when rows x channel blocks >= SMs or length <= 2048.
 
     Chunks: a power of two >= 512 steps (1024 for k = 1 on four warps), the largest that still gives 4 x SMs
-    programs (row, chunk, channel block; 16 x SMs for k = 1 on one warp). ``max_block_t`` caps BLOCK_T (64
-    for CPU tensors: the interpreter runs every row of a tile, masked or not).
+    programs (row, chunk, channel block; k = 1 on one warp: >= 256 steps, 64 x SMs programs).
+    ``max_block_t`` caps BLOCK_T (64 for CPU tensors: the interpreter runs every row of a tile, masked or
+    not).
     """
     forced = _FORCED[-1] if _FORCED else None
     plan = _cached_plan if type(rows) is type(length) is type(dj) is int else _make_plan  # not SymInts
@@ -1128,7 +1130,7 @@ def _make_plan(
         if _chains(rows, dj, block_j) < enough and length > 2048:
             block_j, block_t = min(next_pow2(max(dj, 1)), 32), 64
             one = not (single_pass or backward) and _chains(rows, dj, 32) >= CHUNKED_ONE_WARP_CHAINS
-            num_warps, min_chunk, per_sm = (1, 512, 16) if one else (4, 1024, 4)
+            num_warps, min_chunk, per_sm = (1, 256, 64) if one else (4, 1024, 4)
     else:
         width = 128 if itemsize <= 2 else 64
         block_j = max(1, min(next_pow2(max(dj, 1)), width // block_v))
