@@ -349,12 +349,12 @@ def test_strategy_heuristic() -> None:
     assert plan.strategy == "chunked" and (plan.block_j, plan.block_t, plan.num_warps) == (32, 64, 4)
     assert plan.chunk >= 1024 and plan.num_chunks * plan.num_jblocks >= 4 * 132
     # the running product's forward: one warp from 32 chains of 32 channels (not backward), with chunks of
-    # at least 256 steps, the longest that still give 64 x SMs programs
+    # at least 128 steps, the longest that still give 32 x SMs programs
     chunked = linear.scan_plan(1, 1 << 16, 1024, 1, 2)
     assert (chunked.strategy, chunked.block_j, chunked.block_t, chunked.num_warps) == ("chunked", 32, 64, 1)
-    assert (chunked.chunk, chunked.num_chunks) == (256, 256)  # the shortest
-    assert linear.scan_plan(1, 1 << 20, 1024, 1, 2).chunk == 2048  # 32 x 512 programs >= 64 x 132
-    assert linear.scan_plan(1, 1 << 22, 1024, 1, 2).chunk == 8192
+    assert (chunked.chunk, chunked.num_chunks) == (256, 256)  # 32 x 256 programs >= 32 x 132
+    assert linear.scan_plan(1, 1 << 20, 1024, 1, 2).chunk == 4096
+    assert linear.scan_plan(1, 4096, 1024, 1, 2).chunk == 128  # the shortest
     backward = linear.scan_plan(1, 1 << 16, 1024, 1, 2, backward=True)
     assert (backward.num_warps, backward.chunk) == (4, 2048)  # 32 x 32 programs >= 4 x 132
     four = linear.scan_plan(1, 1 << 16, 992, 1, 2)  # 31 chains
@@ -466,16 +466,16 @@ def test_pipelined_heuristic() -> None:
     assert walk(8, 4096, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
     assert walk(8, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 64, 64, 4, 3, 4)
     assert walk(8, 4096, 1024, 2, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
-    # its forward from 3/16 of 132 = 24.75 chains (no single pass for X), 2-byte types from T = 8192 from
-    # 5/16 = 41.25 chains; its adjoint from 7/8
+    # its forward from 3/16 of 132 = 24.75 chains (no single pass for X), 2-byte types from T = 4096 from
+    # 3/8 = 49.5 chains; its adjoint from 7/8
     assert walk(4, 4096, 1024, 4, x=True) == ("pipelined", 32, 64, 1, 4, 2)  # 128 chains of 32 channels
     assert walk(2, 16384, 1024, 4, x=True) == ("pipelined", 32, 64, 1, 4, 2)  # 32 chains
-    assert walk(2, 8191, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
-    assert walk(2, 8192, 1024, 2, x=True)[0] == "chunked"
-    assert walk(42, 8192, 64, 2, x=True)[0] == "pipelined"
-    assert walk(41, 8192, 64, 2, x=True)[0] == "chunked"
-    assert walk(25, 4096, 64, 2, x=True)[0] == "pipelined"
-    assert walk(24, 4096, 64, 2, x=True)[0] == "chunked"
+    assert walk(2, 4095, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
+    assert walk(2, 4096, 1024, 2, x=True)[0] == "chunked"
+    assert walk(50, 4096, 64, 2, x=True)[0] == "pipelined"
+    assert walk(49, 8192, 64, 2, x=True)[0] == "chunked"
+    assert walk(25, 4096, 64, 4, x=True)[0] == "pipelined"
+    assert walk(24, 4096, 64, 4, x=True)[0] == "chunked"
     assert walk(1, 65536, 1024, 4, x=True)[0] == "chunked"  # 16 chains
     assert walk(4, 4096, 1024, 4, backward=True, x=True) == ("sequential",)
     with linear.force_strategy("pipelined"):

@@ -913,28 +913,30 @@ SCAN_FORWARD_MIN_FILL = 3 / 16
 """The forward with the running product (``linear_scan_fwd``, not ``single_pass``) takes the pipelined walk
 from this fraction of the SMs' worth of 64-channel chains (2-byte types from
 :data:`SCAN_FORWARD_LONG_LENGTH` steps: :data:`SCAN_FORWARD_LONG_MIN_FILL`). H100, GPU time (CUDA graph),
-walk (float32 on 32-channel programs) against the plan before it, in ms: (4, 4096, 1024) bfloat16 0.080 /
-0.198, float32 0.096 / 0.261; (1, 8192, 2048) float32 0.162 / 0.206 (the chunked plan on one warp with
-512-step chunks: 0.168); (2, 16384, 1024) float32 0.320 / 0.398 (one warp, 512 steps: 0.312); (2, 4096,
-1024) bfloat16 0.079 against 0.109 for one warp and 512 steps."""
-SCAN_FORWARD_LONG_LENGTH = 8192
+float32 walk (32-channel programs) against the plan before it, in ms: (4, 4096, 1024) 0.096 / 0.261,
+(1, 8192, 2048) 0.162 / 0.206; against the chunked plan on one warp with 128-step chunks: (2, 4096, 1024)
+0.083 / 0.087, (2, 8192, 1024) 0.161 / 0.157, (3, 8192, 1024) 0.163 / 0.222, (2, 16384, 1024) 0.321 /
+0.299."""
+SCAN_FORWARD_LONG_LENGTH = 4096
 """From this many steps the 2-byte forward with the running product walks from
 :data:`SCAN_FORWARD_LONG_MIN_FILL`."""
-SCAN_FORWARD_LONG_MIN_FILL = 5 / 16
+SCAN_FORWARD_LONG_MIN_FILL = 3 / 8
 """From :data:`SCAN_FORWARD_LONG_LENGTH` steps the 2-byte forward with the running product takes the walk
-from this fraction of the SMs' worth of 64-channel chains (41.25 of 132): below it the chunked plan on one
-warp with 512-step chunks outruns the walk, whose time grows with T alone. H100, GPU time (CUDA graph),
-bfloat16, walk against that chunked plan, in ms: 32 chains (2, 8192, 1024) 0.156 / 0.134, (1, 16384,
-2048) 0.308 / 0.222, (2, 16384, 1024) 0.308 / 0.224; 48 chains (3, 8192, 1024) 0.156 / 0.161."""
+from this fraction of the SMs' worth of 64-channel chains (49.5 of 132): below it the chunked plan on one
+warp with short chunks outruns the walk, whose time grows with T alone. H100, GPU time (CUDA graph),
+bfloat16, walk against that chunked plan (128-step chunks; 256 at T = 65536), in ms: 32 chains (2, 4096,
+1024) 0.079 / 0.059, (2, 8192, 1024) 0.156 / 0.109, (2, 16384, 1024) 0.309 / 0.199; 48 chains (3, 8192,
+1024) 0.156 / 0.145 (256 steps: 0.142); the walk was ahead at 64 chains, (4, 4096, 1024) 0.080 ms."""
 CHUNKED_ONE_WARP_CHAINS = 32
 """From this many rows x 32-channel blocks the chunked plan of the forward with the running product
 (``linear_scan_fwd`` where the walk does not run) takes one warp per program instead of four, and chunks
-of at least 256 steps, the longest that still give 64 x SMs programs (four warps: 1024 steps, 4 x SMs).
+of at least 128 steps, the longest that still give 32 x SMs programs (four warps: 1024 steps, 4 x SMs).
 H100, GPU time (CUDA graph), one warp against four (2048-step chunks), in ms: (1, 65536, 1024) (32 chains)
 bfloat16 0.504 / 0.744, float32 0.629 / 0.780; but (1, 65536, 256) (8 chains) bfloat16 0.208 / 0.197,
-float32 0.230 / 0.209. One warp, chunks of 256 / 512 / 1024 / 2048 steps: (1, 65536, 1024) bfloat16 0.386 /
-0.400 / 0.427 / 0.504, float32 0.597 / 0.602 / 0.610 / 0.631; (2, 16384, 1024) bfloat16 0.206 / 0.221 /
-0.258 / -; (1, 4096, 1024) bfloat16 0.040 / 0.066, float32 0.063 / 0.100."""
+float32 0.230 / 0.209. One warp, chunks of 128 / 256 / 512 / 1024 / 2048 steps: (1, 65536, 1024) bfloat16
+0.390 / 0.382 / 0.400 / 0.427 / 0.504, float32 0.599 / 0.591 / 0.602 / 0.610 / 0.631; (2, 16384, 1024)
+bfloat16 0.199 / 0.205 / 0.221 / 0.258; (1, 4096, 1024) bfloat16 0.029 / 0.041 / 0.066, float32 0.047 /
+0.063 / 0.100."""
 SPLIT_MIN_FILL = 9 / 16
 """The log scan's 2-byte forward takes the split walk from this fraction of the SMs' worth of 64-channel
 chains (float32 keeps :data:`PIPELINED_MIN_FILL`). H100, GPU time (CUDA graph) of the bfloat16 forward at
@@ -1056,7 +1058,7 @@ def scan_plan(
     sequential when rows x channel blocks >= SMs or length <= 2048.
 
     Chunks: a power of two >= 512 steps (1024 for k = 1 on four warps), the largest that still gives 4 x SMs
-    programs (row, chunk, channel block; k = 1 on one warp: >= 256 steps, 64 x SMs programs).
+    programs (row, chunk, channel block; k = 1 on one warp: >= 128 steps, 32 x SMs programs).
     ``max_block_t`` caps BLOCK_T (64 for CPU tensors: the interpreter runs every row of a tile, masked or
     not).
     """
@@ -1130,7 +1132,7 @@ def _make_plan(
         if _chains(rows, dj, block_j) < enough and length > 2048:
             block_j, block_t = min(next_pow2(max(dj, 1)), 32), 64
             one = not (single_pass or backward) and _chains(rows, dj, 32) >= CHUNKED_ONE_WARP_CHAINS
-            num_warps, min_chunk, per_sm = (1, 256, 64) if one else (4, 1024, 4)
+            num_warps, min_chunk, per_sm = (1, 128, 32) if one else (4, 1024, 4)
     else:
         width = 128 if itemsize <= 2 else 64
         block_j = max(1, min(next_pow2(max(dj, 1)), width // block_v))
