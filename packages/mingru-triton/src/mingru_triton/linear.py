@@ -925,8 +925,9 @@ SCAN_FORWARD_LONG_MIN_FILL = 3 / 8
 from this fraction of the SMs' worth of 64-channel chains (49.5 of 132): below it the chunked plan on one
 warp with short chunks outruns the walk, whose time grows with T alone. H100, GPU time (CUDA graph),
 bfloat16, walk against that chunked plan (128-step chunks; 256 at T = 65536), in ms: 32 chains (2, 4096,
-1024) 0.079 / 0.059, (2, 8192, 1024) 0.156 / 0.109, (2, 16384, 1024) 0.309 / 0.199; 48 chains (3, 8192,
-1024) 0.156 / 0.145 (256 steps: 0.142); the walk was ahead at 64 chains, (4, 4096, 1024) 0.080 ms."""
+1024) 0.079 / 0.058, (2, 8192, 1024) 0.156 / 0.109, (2, 16384, 1024) 0.309 / 0.199; 48 chains (3, 4096,
+1024) 0.079 / 0.077, (3, 8192, 1024) 0.156 / 0.145; but 64 chains (4, 4096, 1024) 0.080 / 0.109, (4, 8192,
+1024) 0.157 / 0.194."""
 CHUNKED_ONE_WARP_CHAINS = 32
 """From this many rows x 32-channel blocks the chunked plan of the forward with the running product
 (``linear_scan_fwd`` where the walk does not run) takes one warp per program instead of four, and chunks
