@@ -253,9 +253,9 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
     """The pipelined walk with the heuristic's own tiles (no forced steps): forward 64 channels (the
     second block mostly masked) x 32 steps (64 for 2-byte types; float32 on so few chains 32 channels x 64
     steps, the third block mostly masked) with two channels per thread and the carry folded into a tile's
-    first step, backward 64 (or 32 for 2-byte types) channels x 64 steps,
-    float32 with the carry folded; seven tiles per row (four for 64 steps), the last partial. The same for
-    the running product (A, Bc) and its adjoint, whose 32-channel tiles (all but float32) leave the third
+    first step, backward 64 channels x 32 steps float32 (4 stages), 32 x 64 for 2-byte types; seven tiles
+    per row (four for 64 steps), the last partial. The same forward for the running product (A, Bc); its
+    adjoint's 32-channel tiles (32 x 32 float32 with the carry folded, else 32 x 64) leave the third
     channel block mostly masked."""
     shape = (1, 200, 80)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -268,19 +268,19 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
         fwd_tile = (32, 64) if itemsize == 4 else (64, steps)
         assert (fwd.strategy, fwd.block_j, fwd.block_t, fwd.num_warps, fwd.num_stages, fwd.columns) == (
             "pipelined", *fwd_tile, 1, 4, 2)  # fmt: skip
-        wide, columns = (32 if itemsize == 2 else 64), (4 if itemsize == 4 else 0)
+        bwd_tile = (64, 32, 4, 0) if itemsize == 4 else (32 if itemsize == 2 else 64, 64, 3, 0)
         assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages, bwd.columns) == (
-            "pipelined", wide, 64, 3, columns)  # fmt: skip
+            "pipelined", *bwd_tile)  # fmt: skip
         _check_recurrence(shape, dtype)
-        # the running product: the same forward tiles; backward 64 channels x 64 steps with the carry folded
-        # in float32, else 32 channels (at most 64 steps off CUDA)
+        # the running product: the same forward tiles; backward 32 channels x 32 steps with the carry folded
+        # in float32, else 32 x 64
         xf = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True)
         xb = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True, backward=True)
         assert (xf.strategy, xf.block_j, xf.block_t, xf.num_warps, xf.columns) == (
             "pipelined", *fwd_tile, 1, 2)  # fmt: skip
-        x_wide = 64 if itemsize == 4 else 32
+        x_tile = (32, 32, 4) if itemsize == 4 else (32, 64, 0)
         assert (xb.strategy, xb.block_j, xb.block_t, xb.num_warps, xb.columns) == (
-            "pipelined", x_wide, 64, 4, columns)  # fmt: skip
+            "pipelined", *x_tile[:2], 4, x_tile[2])  # fmt: skip
         _check_scan(shape, dtype)
 
 
@@ -432,8 +432,8 @@ def test_pipelined_heuristic() -> None:
     assert walk(8, 4096, 1024, 2) == ("pipelined", 64, 64, 1, 4, 2)
     for itemsize in (4, 2):
         assert walk(8, 1024, 1024, itemsize)[0] == "pipelined"
-    assert walk(8, 4096, 1024, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 4)
-    assert walk(8, 4096, 1024, 2, backward=True) == ("pipelined", 32, 128, 4, 3, 0)  # 256 chains of 32 <= 264
+    assert walk(8, 4096, 1024, 4, backward=True) == ("pipelined", 64, 32, 4, 4, 0)
+    assert walk(8, 4096, 1024, 2, backward=True) == ("pipelined", 32, 64, 4, 3, 0)  # 256 chains of 32 <= 264
     assert walk(16, 4096, 1024, 2, backward=True) == ("pipelined", 64, 64, 4, 3, 0)  # 512 > 264
     assert walk(8, 2048, 1030, 2, backward=True)[1] == 32  # 8 x 33 = 264 chains of 32 channels
     assert walk(8, 2048, 1060, 2, backward=True)[1] == 64  # 8 x 34 = 272
@@ -461,10 +461,10 @@ def test_pipelined_heuristic() -> None:
     assert linear.scan_plan(8, 4096, 1024, 1, 4, single_pass=True).strategy == "lookback"  # the log scan
     assert linear.scan_plan(8, 4096, 1024, 1, 4).strategy == "sequential"  # running product, no walk asked
     # the running product (linear_scan_fwd / _bwd): the forward tiles of the recurrence on one warp; two value
-    # columns backward on four warps, float32 with the carry folded into 64-channel tiles
+    # columns backward on four warps, float32 with the carry folded into 32 x 32 tiles
     assert walk(8, 4096, 1024, 4, x=True) == ("pipelined", 64, 32, 1, 4, 2)
     assert walk(8, 4096, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
-    assert walk(8, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 64, 64, 4, 3, 4)
+    assert walk(8, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 32, 32, 4, 3, 4)
     assert walk(8, 4096, 1024, 2, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
     # its forward from 3/16 of 132 = 24.75 chains (no single pass for X), 2-byte types from T = 4096 from
     # 3/8 = 49.5 chains; its adjoint from 7/8
@@ -481,7 +481,7 @@ def test_pipelined_heuristic() -> None:
     with linear.force_strategy("pipelined"):
         assert linear.scan_plan(8, 4096, 1024, 4, 4, pipelined=True).strategy == "sequential"  # v > 1
         assert walk(1, 8, 3, 8)[:3] == ("pipelined", 4, 32)
-        assert walk(1, 8, 3, 4, backward=True, x=True)[:3] == ("pipelined", 4, 64)
+        assert walk(1, 8, 3, 4, backward=True, x=True)[:3] == ("pipelined", 4, 32)
     with linear.force_strategy("pipelined", None, 8):
         assert walk(8, 4096, 1024, 4)[2] == 8
     assert (

@@ -1013,19 +1013,24 @@ def scan_plan(
 
     - recurrence (``single_pass``): forward 64 x 32 (2-byte types 64 x 64; float32 with at most SMs chains
       of 32 channels 32 x 64, with or without the running product) on one warp, 4 stages, two channels
-      per thread (each channel's steps in one thread); backward 64 x 64 on four warps, 3 stages
-      (float32: the carry folded in, as with channels per thread), and for 2-byte types with at most
-      2 x SMs chains of 32 channels 32 x 128. On an H200 (GPU time, ms; forward / backward):
-      (8, 16384, 1024) float32 0.386 / 0.684 against 0.490 / 0.745 for the single-pass kernel, bfloat16
-      0.262 / 0.501 against 0.429 / 0.521 (64 x 32 forward: 0.285).
+      per thread (each channel's steps in one thread); backward on four warps: float32 64 x 32, 4 stages,
+      2-byte types 64 x 64, 3 stages, and with at most 2 x SMs chains of 32 channels 32 x 64. On an H200
+      (GPU time, ms; forward / backward): (8, 16384, 1024) float32 0.386 / 0.684 against 0.490 / 0.745 for
+      the single-pass kernel, bfloat16 0.262 / 0.501 against 0.429 / 0.521 (64 x 32 forward: 0.285; the
+      backward tiles of then, float32 64 x 64 with the carry folded, bfloat16 32 x 128). The backward on
+      an H100 (GPU time, ms, T = 4096 / 16384 / 65536, B = 8, D = 1024) against those: bfloat16 32 x 64
+      0.139 / 0.537 / 2.540 against 0.157 / 0.658 / 2.809 (64 x 64: 0.156 / 0.608 / 2.416), float32 64 x
+      32 0.234 / 0.926 / 3.697 against 0.257 / 0.956 / 3.748.
     - with the running product (not ``single_pass``): the recurrence's forward tiles (64 x 32, 2-byte types
-      64 x 64, one warp, 4 stages, two channels per thread); backward (two value columns) float32 64 x 64 on
+      64 x 64, one warp, 4 stages, two channels per thread); backward (two value columns) float32 32 x 32 on
       four warps, 3 stages, the carry folded in (four channels per thread), 2-byte types 32 x 64 likewise
       without the fold. H200, (8, 16384, 1024), forward / backward: float32 0.530 / 0.843 against 1.246 /
       2.354 for the sequential plan, bfloat16 0.359 / 0.790 against 1.092 / 1.702 (3 forward stages: 0.616
-      and 0.430; float32 backward 32 x 128, 2 stages: 0.893). Against the former 64 x 32 bfloat16 forward
-      and 32 x 64 float32 backward (GPU time, ms, T = 4096 / 16384 / 65536): bfloat16 forward 0.082 / 0.317
-      / 1.250 against 0.088 / 0.340 / 1.492, float32 backward 0.243 / 0.971 / 3.893 against 0.257 / 1.031 /
+      and 0.430; float32 backward 32 x 128, 2 stages: 0.893; 64 x 64 then). The float32 backward on an
+      H100 (GPU time, ms, T = 4096 / 16384 / 65536, B = 8): 32 x 32 0.281 / 1.118 / 4.469 against 0.307 /
+      1.127 / 4.496 on 64 x 64 tiles. Earlier, against the 64 x 32 bfloat16 forward and 32 x 64 float32
+      backward before them (GPU time, ms, T = 4096 / 16384 / 65536): bfloat16 forward 0.082 / 0.317 / 1.250
+      against 0.088 / 0.340 / 1.492, float32 backward 0.243 / 0.971 / 3.893 against 0.257 / 1.031 /
       4.138 (a bfloat16 backward of 64 channels: 1.4x-1.5x slower).
 
     ``single_pass``: the scan needs no running product (X), so for k = 1 the single-pass ``lookback``
@@ -1178,10 +1183,12 @@ def _pipelined_tile(
             return min(32, width), 64, 1, 4, 2  # float32 chains of 32 channels fit in one wave
         return min(64, width), 64 if itemsize <= 2 else 32, 1, 4, 2
     if with_x:
-        return (min(64, width), 64, 4, 3, 4) if itemsize == 4 else (min(32, width), 64, 4, 3, 0)
+        return (min(32, width), 32, 4, 3, 4) if itemsize == 4 else (min(32, width), 64, 4, 3, 0)
     if itemsize <= 2 and _chains(rows, dj, 32) <= 2 * sms:
-        return min(32, width), 128, 4, 3, 0
-    return min(64, width), 64, 4, 3, 4 if itemsize == 4 else 0
+        return min(32, width), 64, 4, 3, 0
+    if itemsize == 4:
+        return min(64, width), 32, 4, 4, 0
+    return min(64, width), 64, 4, 3, 0
 
 
 def _split_tile(dj: int, itemsize: int) -> tuple[int, int, int, int]:
