@@ -253,10 +253,10 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
     """The pipelined walk with the heuristic's own tiles (no forced steps): forward 64 channels (the
     second block mostly masked) x 32 steps (64 for 2-byte types; float32 on so few chains 32 channels x 64
     steps, the third block mostly masked) with two channels per thread and the carry folded into a tile's
-    first step, backward 64 channels x 32 steps float32 (4 stages), 32 x 64 for 2-byte types; seven tiles
-    per row (four for 64 steps), the last partial. The same forward for the running product (A, Bc); its
-    adjoint's 32-channel tiles (32 x 32 float32 with the carry folded, else 32 x 64) leave the third
-    channel block mostly masked."""
+    first step, backward 64 channels x 32 steps float32 (4 stages), 32 x 64 for 2-byte types (float64
+    64 x 64); seven tiles per row (four for 64 steps), the last partial. The same forward for the running
+    product (A, Bc); its adjoint's 32-channel tiles (32 x 32 float32 with the carry folded, else 32 x 64)
+    leave the third channel block mostly masked."""
     shape = (1, 200, 80)
     itemsize = torch.empty((), dtype=dtype).element_size()
     with linear.force_strategy("pipelined"):
