@@ -250,13 +250,13 @@ def test_pipelined_tiles_fold_or_not(columns: int, monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @marked(on_interpreter)
 def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
-    """The pipelined walk with the heuristic's own tiles (no forced steps): forward 64 channels (the
-    second block mostly masked) x 32 steps (64 for 2-byte types; float32 on so few chains 32 channels x 64
-    steps, the third block mostly masked) with two channels per thread and the carry folded into a tile's
-    first step, backward 64 channels x 32 steps float32 (4 stages), 32 x 64 for 2-byte types (float64
-    64 x 64); seven tiles per row (four for 64 steps), the last partial. The same forward for the running
-    product (A, Bc); its adjoint's 32-channel tiles (32 x 32 float32 with the carry folded, else 32 x 64)
-    leave the third channel block mostly masked."""
+    """The pipelined walk with the heuristic's own tiles (no forced steps): forward 64 channels (the second
+    block mostly masked) x 32 steps (64 for 2-byte types; float32, whose 16-channel chains here fit in one
+    wave, 16 x 128, 16 x 64 off CUDA, five full channel blocks) with two channels per thread and the carry
+    folded into a tile's first step; backward 32 x 64 for float32 (4 stages; its chains of 32 channels fit
+    in one wave) and 2-byte types (3 stages), float64 64 x 64; four tiles per row of 64 steps, seven of 32,
+    the last partial. The same forward for the running product (A, Bc); its adjoint's 32-channel tiles (32 x
+    32 float32 with the carry folded, else 32 x 64) leave the third channel block mostly masked."""
     shape = (1, 200, 80)
     itemsize = torch.empty((), dtype=dtype).element_size()
     with linear.force_strategy("pipelined"):
@@ -265,10 +265,10 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
             *shape, 1, itemsize, max_block_t=64, single_pass=True, pipelined=True, backward=True
         )
         steps = 64 if itemsize == 2 else 32
-        fwd_tile = (32, 64) if itemsize == 4 else (64, steps)
+        fwd_tile = (16, 64) if itemsize == 4 else (64, steps)  # float32: 5 chains of 16 channels
         assert (fwd.strategy, fwd.block_j, fwd.block_t, fwd.num_warps, fwd.num_stages, fwd.columns) == (
             "pipelined", *fwd_tile, 1, 4, 2)  # fmt: skip
-        bwd_tile = (64, 32, 4, 0) if itemsize == 4 else (32 if itemsize == 2 else 64, 64, 3, 0)
+        bwd_tile = (32, 64, 4, 0) if itemsize == 4 else (32 if itemsize == 2 else 64, 64, 3, 0)
         assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages, bwd.columns) == (
             "pipelined", *bwd_tile)  # fmt: skip
         _check_recurrence(shape, dtype)
@@ -282,6 +282,26 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
         assert (xb.strategy, xb.block_j, xb.block_t, xb.num_warps, xb.columns) == (
             "pipelined", *x_tile[:2], 4, x_tile[2])  # fmt: skip
         _check_scan(shape, dtype)
+
+
+@pytest.mark.parametrize(
+    ("sms", "fwd_tile", "bwd_tile"), [(1, (64, 32), (64, 32, 4)), (5, (64, 32), (64, 64, 3))]
+)
+@marked(on_interpreter)
+def test_pipelined_float32_tiles_on_many_chains(
+    sms: int, fwd_tile: tuple[int, int], bwd_tile: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The float32 recurrence's walk tiles where its chains outnumber the SMs (here made few): forward 64 x 32
+    on one warp; adjoint 64 x 32 on 4 stages from 7/8 of the SMs' worth of 64-channel chains (4 chains for
+    one SM), 64 x 64 on 3 stages below (4 for five SMs, whose 6 chains of 32 channels make two waves)."""
+    monkeypatch.setattr(linear, "num_sms", lambda device: sms)
+    shape = (2, 200, 80)
+    with linear.force_strategy("pipelined"):
+        fwd = linear._plan_for(torch.empty(shape), 1, single_pass=True, pipelined=True)
+        bwd = linear._plan_for(torch.empty(shape), 1, single_pass=True, pipelined=True, backward=True)
+        assert (fwd.strategy, fwd.block_j, fwd.block_t, fwd.num_warps) == ("pipelined", *fwd_tile, 1)
+        assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages) == ("pipelined", *bwd_tile)
+        _check_recurrence(shape, torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -408,8 +428,9 @@ def test_strategy_heuristic() -> None:
 def test_pipelined_heuristic() -> None:
     """The pipelined walk, for the callers that can run it (the k = 1 scans with or without the running
     product and their adjoints, not the log scan's single pass): from 7/8 of the SMs' worth of 64-channel
-    chains (the recurrence's forward from 7/16, the running product's from 3/16), T >= 1024, 2- and 4-byte
-    types; (channels, steps, warps, stages, channels per thread) per direction."""
+    chains (the recurrence's forward and its float32 adjoint from 7/16, the running product's forward from
+    3/16), T >= 1024, 2- and 4-byte types; (channels, steps, warps, stages, channels per thread) per
+    direction."""
 
     def walk(
         rows: int,
@@ -437,12 +458,22 @@ def test_pipelined_heuristic() -> None:
     assert walk(16, 4096, 1024, 2, backward=True) == ("pipelined", 64, 64, 4, 3, 0)  # 512 > 264
     assert walk(8, 2048, 1030, 2, backward=True)[1] == 32  # 8 x 33 = 264 chains of 32 channels
     assert walk(8, 2048, 1060, 2, backward=True)[1] == 64  # 8 x 34 = 272
-    assert walk(116, 4096, 64, 4, backward=True)[0] == "pipelined"  # 116 >= 7/8 of 132 = 115.5
-    assert walk(115, 4096, 64, 4, backward=True) == ("lookback",)
+    assert walk(116, 4096, 64, 2, backward=True)[0] == "pipelined"  # 116 >= 7/8 of 132 = 115.5
+    assert walk(115, 4096, 64, 2, backward=True) == ("lookback",)
+    # the float32 recurrence's adjoint from 7/16 of 132 = 57.75 chains: 32 x 64 while chains of 32 fit in
+    # one wave, 64 x 64 on 3 stages below 7/8, then 64 x 32 on 4
+    assert walk(116, 4096, 64, 4, backward=True) == ("pipelined", 64, 32, 4, 4, 0)
+    assert walk(115, 4096, 64, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 0)
+    assert walk(7, 16384, 1024, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 0)
+    assert walk(5, 4096, 1024, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 0)  # 160 chains of 32
+    assert walk(4, 4096, 1024, 4, backward=True) == ("pipelined", 32, 64, 4, 4, 0)  # 128 chains of 32
+    assert walk(58, 4096, 64, 4, backward=True) == ("pipelined", 32, 64, 4, 4, 0)  # 116 chains of 32
+    assert walk(57, 4096, 64, 4, backward=True) == ("lookback",)
+    assert walk(3, 4096, 1024, 4, backward=True) == ("lookback",)  # 48 chains
     assert walk(6, 4096, 1024, 2, backward=True) == ("lookback",)  # 96 chains
     assert walk(128, 4096, 16, 4)[1] == 16  # block_j <= next_pow2(D)
     # the recurrence's forward from 7/16 of 132 = 57.75 chains; float32 takes 32-channel programs while
-    # they number at most the SMs
+    # they number at most the SMs, 16-channel programs of 128 steps while those do
     assert walk(58, 4096, 64, 2) == ("pipelined", 64, 64, 1, 4, 2)
     assert walk(57, 4096, 64, 2) == ("lookback",)
     assert walk(3, 4096, 1024, 4) == ("lookback",)  # 48 chains
@@ -450,9 +481,11 @@ def test_pipelined_heuristic() -> None:
     assert walk(4, 4096, 1024, 2) == ("pipelined", 64, 64, 1, 4, 2)
     assert walk(5, 4096, 1024, 4) == ("pipelined", 64, 32, 1, 4, 2)  # 160 chains of 32 channels > 132
     assert walk(116, 4096, 64, 4) == ("pipelined", 64, 32, 1, 4, 2)  # 232 > 132
-    assert walk(66, 4096, 32, 4) == ("pipelined", 32, 64, 1, 4, 2)  # 66 chains: one wave
-    assert walk(4, 4096, 1024, 4, backward=True) == ("lookback",)
-    assert walk(4, 4096, 1024, 4, backward=True, sms=64)[0] == "pipelined"
+    assert walk(66, 4096, 32, 4) == ("pipelined", 16, 128, 1, 4, 2)  # 132 chains of 16: one wave
+    assert walk(67, 4096, 32, 4) == ("pipelined", 32, 64, 1, 4, 2)  # 134 chains of 16, 67 of 32
+    assert walk(66, 4096, 32, 2) == ("pipelined", 32, 64, 1, 4, 2)  # 2-byte types keep their tiles
+    assert walk(4, 4096, 1024, 2, backward=True) == ("lookback",)
+    assert walk(4, 4096, 1024, 2, backward=True, sms=64)[0] == "pipelined"
     assert walk(8, 1023, 1024, 4) == ("sequential",)  # short T
     assert walk(8, 4096, 1024, 8) == ("lookback",)  # float64: not timed
     assert (
@@ -469,7 +502,11 @@ def test_pipelined_heuristic() -> None:
     # its forward from 3/16 of 132 = 24.75 chains (no single pass for X), 2-byte types from T = 4096 from
     # 3/8 = 49.5 chains; its adjoint from 7/8
     assert walk(4, 4096, 1024, 4, x=True) == ("pipelined", 32, 64, 1, 4, 2)  # 128 chains of 32 channels
-    assert walk(2, 16384, 1024, 4, x=True) == ("pipelined", 32, 64, 1, 4, 2)  # 32 chains
+    assert walk(2, 16384, 1024, 4, x=True) == ("pipelined", 16, 128, 1, 4, 2)  # 128 chains of 16
+    assert walk(1, 8192, 2048, 4, x=True) == ("pipelined", 16, 128, 1, 4, 2)
+    assert walk(1, 8192, 2112, 4, x=True)[1:3] == (16, 128)  # 132 chains of 16
+    assert walk(1, 8192, 2128, 4, x=True)[1:3] == (32, 64)  # 133
+    assert walk(2, 16384, 1024, 4, backward=True, x=True)[0] == "chunked"  # its adjoint walks from 7/8
     assert walk(2, 4095, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
     assert walk(2, 4096, 1024, 2, x=True)[0] == "chunked"
     assert walk(50, 4096, 64, 2, x=True)[0] == "pipelined"

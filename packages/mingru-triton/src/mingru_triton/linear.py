@@ -895,12 +895,20 @@ LOOKBACK_LONG_TILES = 65536
 :data:`LOOKBACK_FEW_CHAINS`); (1, 65536, 512): 182.1 / 437.4 us against 189.8 / 450.1."""
 PIPELINED_MIN_FILL = 7 / 8
 """The pipelined walk runs (T >= :data:`LOOKBACK_MIN_LENGTH`, float32/bfloat16/float16) when rows x
-64-channel blocks number at least this fraction of the SMs: one program per chain must keep an SM busy.
-This holds for the adjoints and the float32 split walk; the recurrence's forward walk takes
-:data:`FORWARD_MIN_FILL`, the running product's :data:`SCAN_FORWARD_MIN_FILL` and the 2-byte split walk
-:data:`SPLIT_MIN_FILL`. H100, GPU time (CUDA graph) of the adjoint at T = 4096, D = 1024 against the
-single-pass kernel: B = 6 (96 chains) bfloat16 0.131 against 0.119 ms, B = 4 float32 0.172 against
-0.129 ms (32-channel programs: 0.125)."""
+64-channel blocks number at least this fraction of the SMs: one program per chain must keep an SM busy. This
+holds for the adjoints (but the float32 recurrence's: :data:`ADJOINT_FLOAT32_MIN_FILL`) and the float32
+split walk; the recurrence's forward walk takes :data:`FORWARD_MIN_FILL`, the running product's
+:data:`SCAN_FORWARD_MIN_FILL` and the 2-byte split walk :data:`SPLIT_MIN_FILL`. H100, GPU time (CUDA graph)
+of the adjoint at T = 4096, D = 1024 against the single-pass kernel: B = 6 (96 chains) bfloat16 0.131
+against 0.119 ms, B = 4 float32 0.172 against 0.129 ms (32-channel programs: 0.125)."""
+ADJOINT_FLOAT32_MIN_FILL = 7 / 16
+"""The float32 recurrence's adjoint (``single_pass`` and ``backward``; the adjoint with the running product
+keeps :data:`PIPELINED_MIN_FILL`) takes the pipelined walk from this fraction of the SMs' worth of
+64-channel chains: 32 x 64 tiles while chains of 32 channels fit in one wave, 64 x 64 on 3 stages below
+:data:`PIPELINED_MIN_FILL`. H100, GPU time (CUDA graph), D = 1024, walk against the single pass, in ms:
+(4, 16384) 0.477 / 0.498 (32 x 64), (6, 4096) 0.189 / 0.188, (6, 16384) 0.741 / 0.743, (7, 16384) 0.806 /
+0.864 (64 x 64); 2-byte types keep :data:`PIPELINED_MIN_FILL` (the single pass ahead: bfloat16 (6, 16384)
+0.454 against 0.525 for the best walk tile)."""
 FORWARD_MIN_FILL = 7 / 16
 """The recurrence's forward (``single_pass``, not ``backward``) takes the pipelined walk from this
 fraction of the SMs' worth of 64-channel chains: its one-warp programs outrun the single-pass kernel
@@ -1009,29 +1017,34 @@ def scan_plan(
     ``pipelined``: the caller can run the pipelined walk (the k = 1 scans and their adjoints,
     ``backward``), taken for enough chains (the recurrence's forward :data:`FORWARD_MIN_FILL`, the running
     product's :data:`SCAN_FORWARD_MIN_FILL` or :data:`SCAN_FORWARD_LONG_MIN_FILL`, the adjoints
-    :data:`PIPELINED_MIN_FILL`). Its tiles (channels x steps, warps, stages):
+    :data:`PIPELINED_MIN_FILL`, the float32 recurrence's :data:`ADJOINT_FLOAT32_MIN_FILL`). Its tiles
+    (channels x steps, warps, stages):
 
     - recurrence (``single_pass``): forward 64 x 32 (2-byte types 64 x 64; float32 with at most SMs chains
-      of 32 channels 32 x 64, with or without the running product) on one warp, 4 stages, two channels
-      per thread (each channel's steps in one thread); backward on four warps: float32 64 x 32, 4 stages,
-      2-byte types 64 x 64, 3 stages, and with at most 2 x SMs chains of 32 channels 32 x 64. On an H200
-      (GPU time, ms; forward / backward): (8, 16384, 1024) float32 0.386 / 0.684 against 0.490 / 0.745 for
-      the single-pass kernel, bfloat16 0.262 / 0.501 against 0.429 / 0.521 (64 x 32 forward: 0.285; the
-      backward tiles of then, float32 64 x 64 with the carry folded, bfloat16 32 x 128). The backward on
-      an H100 (GPU time, ms, T = 4096 / 16384 / 65536, B = 8, D = 1024) against those: bfloat16 32 x 64
-      0.139 / 0.537 / 2.540 against 0.157 / 0.658 / 2.809 (64 x 64: 0.156 / 0.608 / 2.416), float32 64 x
-      32 0.234 / 0.926 / 3.697 against 0.257 / 0.956 / 3.748.
+      of 32 channels 32 x 64, with at most SMs chains of 16 channels 16 x 128, with or without the running
+      product) on one warp, 4 stages, two channels per thread (each channel's steps in one thread, but for
+      16 channels eight threads split the steps four ways); backward on four warps: float32 64 x 32, 4
+      stages (at most SMs chains of 32 channels: 32 x 64, 4 stages; fewer than :data:`PIPELINED_MIN_FILL` x
+      SMs chains of 64: 64 x 64, 3 stages), 2-byte types 64 x 64, 3 stages, and with at most 2 x SMs chains
+      of 32 channels 32 x 64. On an H200 (GPU time, ms; forward / backward): (8, 16384, 1024) float32 0.386
+      / 0.684 against 0.490 / 0.745 for the single-pass kernel, bfloat16 0.262 / 0.501 against 0.429 / 0.521
+      (64 x 32 forward: 0.285; the backward tiles of then, float32 64 x 64 with the carry folded, bfloat16
+      32 x 128). The backward on an H100 (GPU time, ms, T = 4096 / 16384 / 65536, B = 8, D = 1024) against
+      those: bfloat16 32 x 64 0.139 / 0.537 / 2.540 against 0.157 / 0.658 / 2.809 (64 x 64: 0.156 / 0.608 /
+      2.416), float32 64 x 32 0.234 / 0.926 / 3.697 against 0.257 / 0.956 / 3.748.
     - with the running product (not ``single_pass``): the recurrence's forward tiles (64 x 32, 2-byte types
-      64 x 64, one warp, 4 stages, two channels per thread); backward (two value columns) float32 32 x 32 on
-      four warps, 3 stages, the carry folded in (four channels per thread), 2-byte types 32 x 64 likewise
-      without the fold. H200, (8, 16384, 1024), forward / backward: float32 0.530 / 0.843 against 1.246 /
-      2.354 for the sequential plan, bfloat16 0.359 / 0.790 against 1.092 / 1.702 (3 forward stages: 0.616
-      and 0.430; float32 backward 32 x 128, 2 stages: 0.893; 64 x 64 then). The float32 backward on an
-      H100 (GPU time, ms, T = 4096 / 16384 / 65536, B = 8): 32 x 32 0.281 / 1.118 / 4.469 against 0.307 /
-      1.127 / 4.496 on 64 x 64 tiles. Earlier, against the 64 x 32 bfloat16 forward and 32 x 64 float32
-      backward before them (GPU time, ms, T = 4096 / 16384 / 65536): bfloat16 forward 0.082 / 0.317 / 1.250
-      against 0.088 / 0.340 / 1.492, float32 backward 0.243 / 0.971 / 3.893 against 0.257 / 1.031 /
-      4.138 (a bfloat16 backward of 64 channels: 1.4x-1.5x slower).
+      64 x 64, one warp, 4 stages, two channels per thread). The float32 16 x 128 tile, H100, GPU time (CUDA
+      graph) against 32 x 64, in ms: (1, 8192, 2048) 0.111 / 0.162, (2, 16384, 1024) 0.218 / 0.320 (the
+      chunked plan there: 0.299); the recurrence, which takes the single pass there, 0.091 / 0.139 (single
+      pass 0.084). Backward (two value columns) float32 32 x 32 on four warps, 3 stages, the carry folded in
+      (four channels per thread), 2-byte types 32 x 64 likewise without the fold. H200, (8, 16384, 1024),
+      forward / backward: float32 0.530 / 0.843 against 1.246 / 2.354 for the sequential plan, bfloat16
+      0.359 / 0.790 against 1.092 / 1.702 (3 forward stages: 0.616 and 0.430; float32 backward 32 x 128, 2
+      stages: 0.893; 64 x 64 then). The float32 backward on an H100 (GPU time, ms, T = 4096 / 16384 / 65536,
+      B = 8): 32 x 32 0.281 / 1.118 / 4.469 against 0.307 / 1.127 / 4.496 on 64 x 64 tiles. Earlier, against
+      the 64 x 32 bfloat16 forward and 32 x 64 float32 backward before them (GPU time, ms, T = 4096 / 16384
+      / 65536): bfloat16 forward 0.082 / 0.317 / 1.250 against 0.088 / 0.340 / 1.492, float32 backward 0.243
+      / 0.971 / 3.893 against 0.257 / 1.031 / 4.138 (a bfloat16 backward of 64 channels: 1.4x-1.5x slower).
 
     ``single_pass``: the scan needs no running product (X), so for k = 1 the single-pass ``lookback``
     kernel can take it (see :data:`LOOKBACK_MIN_CHAINS`). Its tile (channels x steps, warps), each
@@ -1103,7 +1116,7 @@ def _make_plan(
     if forced is not None and forced[0] == "split":
         forced = None  # a scan the split walk does not serve keeps the heuristic's plan
     if backward:
-        fill = PIPELINED_MIN_FILL
+        fill = ADJOINT_FLOAT32_MIN_FILL if itemsize == 4 and single_pass else PIPELINED_MIN_FILL
     elif single_pass:
         fill = FORWARD_MIN_FILL
     elif itemsize <= 2 and length >= SCAN_FORWARD_LONG_LENGTH:
@@ -1179,6 +1192,8 @@ def _pipelined_tile(
     ``with_x``: the scan also carries the running product (forward) or its adjoint (backward)."""
     width = next_pow2(max(dj, 1))
     if not backward:
+        if itemsize == 4 and _chains(rows, dj, 16) <= sms:
+            return min(16, width), 128, 1, 4, 2  # float32 chains of 16 channels fit in one wave
         if itemsize == 4 and _chains(rows, dj, 32) <= sms:
             return min(32, width), 64, 1, 4, 2  # float32 chains of 32 channels fit in one wave
         return min(64, width), 64 if itemsize <= 2 else 32, 1, 4, 2
@@ -1186,7 +1201,9 @@ def _pipelined_tile(
         return (min(32, width), 32, 4, 3, 4) if itemsize == 4 else (min(32, width), 64, 4, 3, 0)
     if itemsize <= 2 and _chains(rows, dj, 32) <= 2 * sms:
         return min(32, width), 64, 4, 3, 0
-    if itemsize == 4:
+    if itemsize == 4 and _chains(rows, dj, 32) <= sms:
+        return min(32, width), 64, 4, 4, 0  # float32 chains of 32 channels fit in one wave
+    if itemsize == 4 and _chains(rows, dj, 64) >= PIPELINED_MIN_FILL * sms:
         return min(64, width), 32, 4, 4, 0
     return min(64, width), 64, 4, 3, 0
 
