@@ -460,12 +460,15 @@ def test_pipelined_heuristic() -> None:
     assert walk(8, 2048, 1060, 2, backward=True)[1] == 64  # 8 x 34 = 272
     assert walk(116, 4096, 64, 2, backward=True)[0] == "pipelined"  # 116 >= 7/8 of 132 = 115.5
     assert walk(115, 4096, 64, 2, backward=True) == ("lookback",)
-    # the float32 recurrence's adjoint from 7/16 of 132 = 57.75 chains: 32 x 64 while chains of 32 fit in
-    # one wave, 64 x 64 on 3 stages below 7/8, then 64 x 32 on 4
+    # the float32 recurrence's adjoint: 32 x 64 from 7/16 of 132 = 57.75 chains while chains of 32 fit in
+    # one wave; with more, 64 x 64 on 3 stages from 3/4 of 132 = 99 chains, 64 x 32 on 4 from 7/8
     assert walk(116, 4096, 64, 4, backward=True) == ("pipelined", 64, 32, 4, 4, 0)
     assert walk(115, 4096, 64, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 0)
     assert walk(7, 16384, 1024, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 0)
-    assert walk(5, 4096, 1024, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 0)  # 160 chains of 32
+    assert walk(99, 4096, 64, 4, backward=True) == ("pipelined", 64, 64, 4, 3, 0)
+    assert walk(98, 4096, 64, 4, backward=True) == ("lookback",)
+    assert walk(6, 4096, 1024, 4, backward=True) == ("lookback",)  # 96 chains, 192 of 32
+    assert walk(5, 4096, 1024, 4, backward=True) == ("lookback",)
     assert walk(4, 4096, 1024, 4, backward=True) == ("pipelined", 32, 64, 4, 4, 0)  # 128 chains of 32
     assert walk(58, 4096, 64, 4, backward=True) == ("pipelined", 32, 64, 4, 4, 0)  # 116 chains of 32
     assert walk(57, 4096, 64, 4, backward=True) == ("lookback",)

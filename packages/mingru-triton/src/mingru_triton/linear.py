@@ -903,12 +903,18 @@ of the adjoint at T = 4096, D = 1024 against the single-pass kernel: B = 6 (96 c
 against 0.119 ms, B = 4 float32 0.172 against 0.129 ms (32-channel programs: 0.125)."""
 ADJOINT_FLOAT32_MIN_FILL = 7 / 16
 """The float32 recurrence's adjoint (``single_pass`` and ``backward``; the adjoint with the running product
-keeps :data:`PIPELINED_MIN_FILL`) takes the pipelined walk from this fraction of the SMs' worth of
-64-channel chains: 32 x 64 tiles while chains of 32 channels fit in one wave, 64 x 64 on 3 stages below
-:data:`PIPELINED_MIN_FILL`. H100, GPU time (CUDA graph), D = 1024, walk against the single pass, in ms:
-(4, 16384) 0.477 / 0.498 (32 x 64), (6, 4096) 0.189 / 0.188, (6, 16384) 0.741 / 0.743, (7, 16384) 0.806 /
-0.864 (64 x 64); 2-byte types keep :data:`PIPELINED_MIN_FILL` (the single pass ahead: bfloat16 (6, 16384)
-0.454 against 0.525 for the best walk tile)."""
+keeps :data:`PIPELINED_MIN_FILL`) takes the pipelined walk on 32 x 64 tiles (4 stages) from this fraction
+of the SMs' worth of 64-channel chains while its chains of 32 channels fit in one wave; with more, from
+:data:`ADJOINT_FLOAT32_WIDE_MIN_FILL`. H100, GPU time (CUDA graph), D = 1024, walk against the single pass,
+in ms: (4, 4096) 0.122 / 0.129, (4, 16384) 0.476 / 0.497; but (3, 16384) 0.469 / 0.376. 2-byte types keep
+:data:`PIPELINED_MIN_FILL` (the single pass ahead: bfloat16 (6, 16384) 0.454 against 0.525 for the best
+walk tile)."""
+ADJOINT_FLOAT32_WIDE_MIN_FILL = 3 / 4
+"""Where the float32 recurrence's chains of 32 channels outnumber the SMs, its adjoint takes the walk from
+this fraction of the SMs' worth of 64-channel chains: 64 x 64 tiles on 3 stages below
+:data:`PIPELINED_MIN_FILL`, whose programs take the time of one chain's walk (0.74 ms at T = 16384 from 64
+to 96 chains). H100, GPU time (CUDA graph), D = 1024, walk against the single pass, in ms: (7, 16384)
+0.833-0.839 / 0.886, but (6, 16384) 0.740 / 0.749 and (5, 16384) 0.738 / 0.635 (32 x 64 tiles: 0.645)."""
 FORWARD_MIN_FILL = 7 / 16
 """The recurrence's forward (``single_pass``, not ``backward``) takes the pipelined walk from this
 fraction of the SMs' worth of 64-channel chains: its one-warp programs outrun the single-pass kernel
@@ -1116,7 +1122,10 @@ def _make_plan(
     if forced is not None and forced[0] == "split":
         forced = None  # a scan the split walk does not serve keeps the heuristic's plan
     if backward:
-        fill = ADJOINT_FLOAT32_MIN_FILL if itemsize == 4 and single_pass else PIPELINED_MIN_FILL
+        fill = PIPELINED_MIN_FILL
+        if itemsize == 4 and single_pass:
+            one_wave = _chains(rows, dj, 32) <= sms
+            fill = ADJOINT_FLOAT32_MIN_FILL if one_wave else ADJOINT_FLOAT32_WIDE_MIN_FILL
     elif single_pass:
         fill = FORWARD_MIN_FILL
     elif itemsize <= 2 and length >= SCAN_FORWARD_LONG_LENGTH:
