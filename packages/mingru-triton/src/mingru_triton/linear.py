@@ -914,7 +914,8 @@ ADJOINT_FLOAT32_WIDE_MIN_FILL = 3 / 4
 this fraction of the SMs' worth of 64-channel chains: 64 x 64 tiles on 3 stages below
 :data:`PIPELINED_MIN_FILL`, whose programs take the time of one chain's walk (0.74 ms at T = 16384 from 64
 to 96 chains). H100, GPU time (CUDA graph), D = 1024, walk against the single pass, in ms: (7, 16384)
-0.833-0.839 / 0.886, but (6, 16384) 0.740 / 0.749 and (5, 16384) 0.738 / 0.635 (32 x 64 tiles: 0.645)."""
+0.833-0.839 / 0.886, but (6, 16384) 0.740 / 0.749 and (5, 16384) 0.738 / 0.635 (32 x 64 on 3 stages:
+0.645)."""
 FORWARD_MIN_FILL = 7 / 16
 """The recurrence's forward (``single_pass``, not ``backward``) takes the pipelined walk from this
 fraction of the SMs' worth of 64-channel chains: its one-warp programs outrun the single-pass kernel
