@@ -1202,19 +1202,21 @@ def _pipelined_tile(
     ``with_x``: the scan also carries the running product (forward) or its adjoint (backward)."""
     width = next_pow2(max(dj, 1))
     if not backward:
-        if itemsize == 4 and _chains(rows, dj, 16) <= sms:
-            return min(16, width), 128, 1, 4, 2  # float32 chains of 16 channels fit in one wave
-        if itemsize == 4 and _chains(rows, dj, 32) <= sms:
-            return min(32, width), 64, 1, 4, 2  # float32 chains of 32 channels fit in one wave
+        if itemsize == 4:
+            # the narrowest float32 chains that fit in one wave (at most one per SM), longer tiles for fewer
+            for narrow, steps in ((16, 128), (32, 64)):
+                if _chains(rows, dj, narrow) <= sms:
+                    return min(narrow, width), steps, 1, 4, 2
         return min(64, width), 64 if itemsize <= 2 else 32, 1, 4, 2
     if with_x:
         return (min(32, width), 32, 4, 3, 4) if itemsize == 4 else (min(32, width), 64, 4, 3, 0)
-    if itemsize <= 2 and _chains(rows, dj, 32) <= 2 * sms:
+    if itemsize == 4:
+        if _chains(rows, dj, 32) <= sms:
+            return min(32, width), 64, 4, 4, 0  # float32 chains of 32 channels fit in one wave
+        if _chains(rows, dj, 64) >= PIPELINED_MIN_FILL * sms:
+            return min(64, width), 32, 4, 4, 0
+    elif itemsize <= 2 and _chains(rows, dj, 32) <= 2 * sms:
         return min(32, width), 64, 4, 3, 0
-    if itemsize == 4 and _chains(rows, dj, 32) <= sms:
-        return min(32, width), 64, 4, 4, 0  # float32 chains of 32 channels fit in one wave
-    if itemsize == 4 and _chains(rows, dj, 64) >= PIPELINED_MIN_FILL * sms:
-        return min(64, width), 32, 4, 4, 0
     return min(64, width), 64, 4, 3, 0
 
 
