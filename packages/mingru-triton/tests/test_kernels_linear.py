@@ -255,8 +255,9 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
     wave, 16 x 128, 16 x 64 off CUDA, five full channel blocks) with two channels per thread and the carry
     folded into a tile's first step; backward 32 x 64 for float32 (4 stages; its chains of 32 channels fit
     in one wave) and 2-byte types (3 stages), float64 64 x 64; four tiles per row of 64 steps, seven of 32,
-    the last partial. The same forward for the running product (A, Bc); its adjoint's 32-channel tiles (32 x
-    32 float32 with the carry folded, else 32 x 64) leave the third channel block mostly masked."""
+    the last partial. The same forward for the running product (A, Bc); its adjoint's 32 x 64 tiles (float32
+    with the carry folded and 4 stages: its chains of 32 channels fit in one wave) leave the third channel
+    block mostly masked."""
     shape = (1, 200, 80)
     itemsize = torch.empty((), dtype=dtype).element_size()
     with linear.force_strategy("pipelined"):
@@ -272,28 +273,29 @@ def test_pipelined_heuristic_tiles(dtype: torch.dtype) -> None:
         assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages, bwd.columns) == (
             "pipelined", *bwd_tile)  # fmt: skip
         _check_recurrence(shape, dtype)
-        # the running product: the same forward tiles; backward 32 channels x 32 steps with the carry folded
-        # in float32, else 32 x 64
+        # the running product: the same forward tiles; backward 32 channels x 64 steps, the carry folded in
+        # float32 (4 stages)
         xf = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True)
         xb = linear.scan_plan(*shape, 1, itemsize, max_block_t=64, pipelined=True, backward=True)
         assert (xf.strategy, xf.block_j, xf.block_t, xf.num_warps, xf.columns) == (
             "pipelined", *fwd_tile, 1, 2)  # fmt: skip
-        x_tile = (32, 32, 4) if itemsize == 4 else (32, 64, 0)
-        assert (xb.strategy, xb.block_j, xb.block_t, xb.num_warps, xb.columns) == (
-            "pipelined", *x_tile[:2], 4, x_tile[2])  # fmt: skip
+        x_tile = (32, 64, 4, 4) if itemsize == 4 else (32, 64, 3, 0)
+        assert (xb.strategy, xb.block_j, xb.block_t, xb.num_warps, xb.num_stages, xb.columns) == (
+            "pipelined", *x_tile[:2], 4, *x_tile[2:])  # fmt: skip
         _check_scan(shape, dtype)
 
 
 @pytest.mark.parametrize(
     ("sms", "fwd_tile", "bwd_tile"), [(1, (64, 32), (64, 32, 4)), (5, (64, 32), (64, 64, 3))]
-)
+)  # the running product's adjoint: 32 x 32 tiles (one SM), 64 x 64 (five), the carry folded in
 @marked(on_interpreter)
 def test_pipelined_float32_tiles_on_many_chains(
     sms: int, fwd_tile: tuple[int, int], bwd_tile: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The float32 recurrence's walk tiles where its chains outnumber the SMs (here made few): forward 64 x 32
     on one warp; adjoint 64 x 32 on 4 stages from 7/8 of the SMs' worth of 64-channel chains (4 chains for
-    one SM), 64 x 64 on 3 stages below (4 for five SMs, whose 6 chains of 32 channels make two waves)."""
+    one SM), 64 x 64 on 3 stages below (4 for five SMs, whose 6 chains of 32 channels make two waves). The
+    adjoint with the running product: 32 x 32 from 7/8, 64 x 64 below, both on 3 stages."""
     monkeypatch.setattr(linear, "num_sms", lambda device: sms)
     shape = (2, 200, 80)
     with linear.force_strategy("pipelined"):
@@ -301,7 +303,12 @@ def test_pipelined_float32_tiles_on_many_chains(
         bwd = linear._plan_for(torch.empty(shape), 1, single_pass=True, pipelined=True, backward=True)
         assert (fwd.strategy, fwd.block_j, fwd.block_t, fwd.num_warps) == ("pipelined", *fwd_tile, 1)
         assert (bwd.strategy, bwd.block_j, bwd.block_t, bwd.num_stages) == ("pipelined", *bwd_tile)
+        xb = linear._plan_for(torch.empty(shape), 1, pipelined=True, backward=True)
+        x_tile = (32, 32) if sms == 1 else (64, 64)
+        assert (xb.strategy, xb.block_j, xb.block_t, xb.num_stages, xb.columns) == (
+            "pipelined", *x_tile, 3, 4)  # fmt: skip
         _check_recurrence(shape, torch.float32)
+        _check_scan(shape, torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -428,9 +435,9 @@ def test_strategy_heuristic() -> None:
 def test_pipelined_heuristic() -> None:
     """The pipelined walk, for the callers that can run it (the k = 1 scans with or without the running
     product and their adjoints, not the log scan's single pass): from 7/8 of the SMs' worth of 64-channel
-    chains (the recurrence's forward and its float32 adjoint from 7/16, the running product's forward from
-    3/16), T >= 1024, 2- and 4-byte types; (channels, steps, warps, stages, channels per thread) per
-    direction."""
+    chains (the recurrence's forward and its float32 adjoint from 7/16, the running product's forward and
+    adjoint from 3/16), T >= 1024, 2- and 4-byte types; (channels, steps, warps, stages, channels per
+    thread) per direction."""
 
     def walk(
         rows: int,
@@ -503,13 +510,26 @@ def test_pipelined_heuristic() -> None:
     assert walk(8, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 32, 32, 4, 3, 4)
     assert walk(8, 4096, 1024, 2, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
     # its forward from 3/16 of 132 = 24.75 chains (no single pass for X), 2-byte types from T = 4096 from
-    # 3/8 = 49.5 chains; its adjoint from 7/8
+    # 3/8 = 49.5 chains
     assert walk(4, 4096, 1024, 4, x=True) == ("pipelined", 32, 64, 1, 4, 2)  # 128 chains of 32 channels
     assert walk(2, 16384, 1024, 4, x=True) == ("pipelined", 16, 128, 1, 4, 2)  # 128 chains of 16
     assert walk(1, 8192, 2048, 4, x=True) == ("pipelined", 16, 128, 1, 4, 2)
     assert walk(1, 8192, 2112, 4, x=True)[1:3] == (16, 128)  # 132 chains of 16
     assert walk(1, 8192, 2128, 4, x=True)[1:3] == (32, 64)  # 133
-    assert walk(2, 16384, 1024, 4, backward=True, x=True)[0] == "chunked"  # its adjoint walks from 7/8
+    # its adjoint from 3/16 as well; float32 32 x 64 on 4 stages while chains of 32 fit in one wave, 64 x
+    # 64 on 3 below 7/8 of 132 = 115.5 chains of 64
+    assert walk(2, 16384, 1024, 4, backward=True, x=True) == ("pipelined", 32, 64, 4, 4, 4)
+    assert walk(1, 8192, 2048, 4, backward=True, x=True) == ("pipelined", 32, 64, 4, 4, 4)
+    assert walk(4, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 32, 64, 4, 4, 4)  # 128 of 32
+    assert walk(5, 4096, 1024, 4, backward=True, x=True) == ("pipelined", 64, 64, 4, 3, 4)  # 160 of 32
+    assert walk(7, 16384, 1024, 4, backward=True, x=True) == ("pipelined", 64, 64, 4, 3, 4)  # 112 of 64
+    assert walk(116, 4096, 64, 4, backward=True, x=True) == ("pipelined", 32, 32, 4, 3, 4)
+    assert walk(115, 4096, 64, 4, backward=True, x=True) == ("pipelined", 64, 64, 4, 3, 4)
+    assert walk(4, 16384, 1024, 2, backward=True, x=True) == ("pipelined", 32, 64, 4, 3, 0)
+    assert walk(25, 4096, 64, 2, backward=True, x=True)[0] == "pipelined"
+    assert walk(24, 4096, 64, 2, backward=True, x=True)[0] == "chunked"
+    assert walk(1, 65536, 256, 4, backward=True, x=True)[0] == "chunked"  # 4 chains
+    assert walk(1, 1023, 8192, 4, backward=True, x=True)[0] == "sequential"  # short T
     assert walk(2, 4095, 1024, 2, x=True) == ("pipelined", 64, 64, 1, 4, 2)
     assert walk(2, 4096, 1024, 2, x=True)[0] == "chunked"
     assert walk(50, 4096, 64, 2, x=True)[0] == "pipelined"
@@ -517,11 +537,10 @@ def test_pipelined_heuristic() -> None:
     assert walk(25, 4096, 64, 4, x=True)[0] == "pipelined"
     assert walk(24, 4096, 64, 4, x=True)[0] == "chunked"
     assert walk(1, 65536, 1024, 4, x=True)[0] == "chunked"  # 16 chains
-    assert walk(4, 4096, 1024, 4, backward=True, x=True) == ("sequential",)
     with linear.force_strategy("pipelined"):
         assert linear.scan_plan(8, 4096, 1024, 4, 4, pipelined=True).strategy == "sequential"  # v > 1
         assert walk(1, 8, 3, 8)[:3] == ("pipelined", 4, 32)
-        assert walk(1, 8, 3, 4, backward=True, x=True)[:3] == ("pipelined", 4, 32)
+        assert walk(1, 8, 3, 4, backward=True, x=True)[:3] == ("pipelined", 4, 64)
     with linear.force_strategy("pipelined", None, 8):
         assert walk(8, 4096, 1024, 4)[2] == 8
     assert (

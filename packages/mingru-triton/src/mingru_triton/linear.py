@@ -896,14 +896,15 @@ LOOKBACK_LONG_TILES = 65536
 PIPELINED_MIN_FILL = 7 / 8
 """The pipelined walk runs (T >= :data:`LOOKBACK_MIN_LENGTH`, float32/bfloat16/float16) when rows x
 64-channel blocks number at least this fraction of the SMs: one program per chain must keep an SM busy. This
-holds for the adjoints (but the float32 recurrence's: :data:`ADJOINT_FLOAT32_MIN_FILL`) and the float32
-split walk; the recurrence's forward walk takes :data:`FORWARD_MIN_FILL`, the running product's
-:data:`SCAN_FORWARD_MIN_FILL` and the 2-byte split walk :data:`SPLIT_MIN_FILL`. H100, GPU time (CUDA graph)
-of the adjoint at T = 4096, D = 1024 against the single-pass kernel: B = 6 (96 chains) bfloat16 0.131
-against 0.119 ms, B = 4 float32 0.172 against 0.129 ms (32-channel programs: 0.125)."""
+holds for the recurrence's 2-byte adjoint (float32: :data:`ADJOINT_FLOAT32_MIN_FILL`) and the float32 split
+walk; the adjoint with the running product takes :data:`SCAN_ADJOINT_MIN_FILL`, the recurrence's forward
+walk takes :data:`FORWARD_MIN_FILL`, the running product's :data:`SCAN_FORWARD_MIN_FILL` and the 2-byte
+split walk :data:`SPLIT_MIN_FILL`. H100, GPU time (CUDA graph) of the adjoint at T = 4096, D = 1024 against
+the single-pass kernel: B = 6 (96 chains) bfloat16 0.131 against 0.119 ms, B = 4 float32 0.172 against 0.129
+ms (32-channel programs: 0.125)."""
 ADJOINT_FLOAT32_MIN_FILL = 7 / 16
-"""The float32 recurrence's adjoint (``single_pass`` and ``backward``; the adjoint with the running product
-keeps :data:`PIPELINED_MIN_FILL`) takes the pipelined walk on 32 x 64 tiles (4 stages) from this fraction
+"""The float32 recurrence's adjoint (``single_pass`` and ``backward``; the adjoint with the running product:
+:data:`SCAN_ADJOINT_MIN_FILL`) takes the pipelined walk on 32 x 64 tiles (4 stages) from this fraction
 of the SMs' worth of 64-channel chains while its chains of 32 channels fit in one wave; with more, from
 :data:`ADJOINT_FLOAT32_WIDE_MIN_FILL`. H100, GPU time (CUDA graph), D = 1024, walk against the single pass,
 in ms: (4, 4096) 0.122 / 0.129, (4, 16384) 0.476 / 0.497; but (3, 16384) 0.469 / 0.376. 2-byte types keep
@@ -916,6 +917,16 @@ this fraction of the SMs' worth of 64-channel chains: 64 x 64 tiles on 3 stages 
 to 96 chains). H100, GPU time (CUDA graph), D = 1024, walk against the single pass, in ms: (7, 16384)
 0.833-0.839 / 0.886, but (6, 16384) 0.740 / 0.749 and (5, 16384) 0.738 / 0.635 (32 x 64 on 3 stages:
 0.645)."""
+SCAN_ADJOINT_MIN_FILL = 3 / 16
+"""The adjoint with the running product (``backward``, not ``single_pass``: ``linear_scan_bwd``) takes the
+pipelined walk from this fraction of the SMs' worth of 64-channel chains (24.75 of 132); below 7/8 it had
+run the sequential or chunked plan at 2x-4x the floor. H100, GPU time (CUDA graph), D = 1024, walk against
+that plan, in ms: float32 (32 x 64 tiles, 4 stages) (4, 4096) 0.155 / 0.359, (4, 16384) 0.606 / 1.497,
+(2, 16384) 0.603 / 0.613, (1, 8192, 2048) 0.303 / 0.321, (64 x 64, 3 stages) (6, 16384) 0.945 / 2.017,
+(7, 16384) 0.955 / 2.313; bfloat16 (32 x 64, 3 stages) (4, 4096) 0.139 / 0.307, (4, 16384) 0.545 / 1.059,
+(6, 16384) 0.783 / 1.600, (7, 16384) 0.782 / 1.619, (2, 16384) 0.543 / 0.540, (1, 8192, 2048) 0.272 /
+0.307; but 4 chains (1, 65536, 256) float32 2.40 / 0.312, bfloat16 2.16 / 0.303: one chain's walk takes
+its T steps' time."""
 FORWARD_MIN_FILL = 7 / 16
 """The recurrence's forward (``single_pass``, not ``backward``) takes the pipelined walk from this
 fraction of the SMs' worth of 64-channel chains: its one-warp programs outrun the single-pass kernel
@@ -1023,8 +1034,9 @@ def scan_plan(
 
     ``pipelined``: the caller can run the pipelined walk (the k = 1 scans and their adjoints,
     ``backward``), taken for enough chains (the recurrence's forward :data:`FORWARD_MIN_FILL`, the running
-    product's :data:`SCAN_FORWARD_MIN_FILL` or :data:`SCAN_FORWARD_LONG_MIN_FILL`, the adjoints
-    :data:`PIPELINED_MIN_FILL`, the float32 recurrence's :data:`ADJOINT_FLOAT32_MIN_FILL`). Its tiles
+    product's :data:`SCAN_FORWARD_MIN_FILL` or :data:`SCAN_FORWARD_LONG_MIN_FILL`, the
+    recurrence's adjoint :data:`PIPELINED_MIN_FILL`, float32 :data:`ADJOINT_FLOAT32_MIN_FILL`, the adjoint
+    with the running product :data:`SCAN_ADJOINT_MIN_FILL`). Its tiles
     (channels x steps, warps, stages):
 
     - recurrence (``single_pass``): forward 64 x 32 (2-byte types 64 x 64; float32 with at most SMs chains
@@ -1044,14 +1056,16 @@ def scan_plan(
       graph) against 32 x 64, in ms: (1, 8192, 2048) 0.111 / 0.162, (2, 16384, 1024) 0.218 / 0.320 (the
       chunked plan there: 0.299); the recurrence, which takes the single pass there, 0.091 / 0.139 (single
       pass 0.084). Backward (two value columns) float32 32 x 32 on four warps, 3 stages, the carry folded in
-      (four channels per thread), 2-byte types 32 x 64 likewise without the fold. H200, (8, 16384, 1024),
-      forward / backward: float32 0.530 / 0.843 against 1.246 / 2.354 for the sequential plan, bfloat16
-      0.359 / 0.790 against 1.092 / 1.702 (3 forward stages: 0.616 and 0.430; float32 backward 32 x 128, 2
-      stages: 0.893; 64 x 64 then). The float32 backward on an H100 (GPU time, ms, T = 4096 / 16384 / 65536,
-      B = 8): 32 x 32 0.281 / 1.118 / 4.469 against 0.307 / 1.127 / 4.496 on 64 x 64 tiles. Earlier, against
-      the 64 x 32 bfloat16 forward and 32 x 64 float32 backward before them (GPU time, ms, T = 4096 / 16384
-      / 65536): bfloat16 forward 0.082 / 0.317 / 1.250 against 0.088 / 0.340 / 1.492, float32 backward 0.243
-      / 0.971 / 3.893 against 0.257 / 1.031 / 4.138 (a bfloat16 backward of 64 channels: 1.4x-1.5x slower).
+      (four channels per thread; at most SMs chains of 32 channels: 32 x 64, 4 stages; fewer than
+      :data:`PIPELINED_MIN_FILL` x SMs chains of 64: 64 x 64), 2-byte types 32 x 64 likewise without the
+      fold. H200, (8, 16384, 1024), forward / backward: float32 0.530 / 0.843 against 1.246 / 2.354 for the
+      sequential plan, bfloat16 0.359 / 0.790 against 1.092 / 1.702 (3 forward stages: 0.616 and 0.430;
+      float32 backward 32 x 128, 2 stages: 0.893; 64 x 64 then). The float32 backward on an H100 (GPU time,
+      ms, T = 4096 / 16384 / 65536, B = 8): 32 x 32 0.281 / 1.118 / 4.469 against 0.307 / 1.127 / 4.496 on
+      64 x 64 tiles. Earlier, against the 64 x 32 bfloat16 forward and 32 x 64 float32 backward before them
+      (GPU time, ms, T = 4096 / 16384 / 65536): bfloat16 forward 0.082 / 0.317 / 1.250 against 0.088 / 0.340
+      / 1.492, float32 backward 0.243 / 0.971 / 3.893 against 0.257 / 1.031 / 4.138 (a bfloat16 backward of
+      64 channels: 1.4x-1.5x slower).
 
     ``single_pass``: the scan needs no running product (X), so for k = 1 the single-pass ``lookback``
     kernel can take it (see :data:`LOOKBACK_MIN_CHAINS`). Its tile (channels x steps, warps), each
@@ -1123,7 +1137,7 @@ def _make_plan(
     if forced is not None and forced[0] == "split":
         forced = None  # a scan the split walk does not serve keeps the heuristic's plan
     if backward:
-        fill = PIPELINED_MIN_FILL
+        fill = PIPELINED_MIN_FILL if single_pass else SCAN_ADJOINT_MIN_FILL
         if itemsize == 4 and single_pass:
             one_wave = _chains(rows, dj, 32) <= sms
             fill = ADJOINT_FLOAT32_MIN_FILL if one_wave else ADJOINT_FLOAT32_WIDE_MIN_FILL
@@ -1209,7 +1223,13 @@ def _pipelined_tile(
                     return min(narrow, width), steps, 1, 4, 2
         return min(64, width), 64 if itemsize <= 2 else 32, 1, 4, 2
     if with_x:
-        return (min(32, width), 32, 4, 3, 4) if itemsize == 4 else (min(32, width), 64, 4, 3, 0)
+        if itemsize != 4:
+            return min(32, width), 64, 4, 3, 0
+        if _chains(rows, dj, 32) <= sms:
+            return min(32, width), 64, 4, 4, 4  # float32 chains of 32 channels fit in one wave
+        if _chains(rows, dj, 64) < PIPELINED_MIN_FILL * sms:
+            return min(64, width), 64, 4, 3, 4
+        return min(32, width), 32, 4, 3, 4
     if itemsize == 4:
         if _chains(rows, dj, 32) <= sms:
             return min(32, width), 64, 4, 4, 0  # float32 chains of 32 channels fit in one wave
