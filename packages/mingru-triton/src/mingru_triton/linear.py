@@ -1032,12 +1032,11 @@ def scan_plan(
     exps one warp per SM issues too slowly), taken for enough chains (:data:`SPLIT_MIN_FILL` for 2-byte
     types, else :data:`PIPELINED_MIN_FILL`); its tiles in :func:`_split_tile`.
 
-    ``pipelined``: the caller can run the pipelined walk (the k = 1 scans and their adjoints,
-    ``backward``), taken for enough chains (the recurrence's forward :data:`FORWARD_MIN_FILL`, the running
-    product's :data:`SCAN_FORWARD_MIN_FILL` or :data:`SCAN_FORWARD_LONG_MIN_FILL`, the
-    recurrence's adjoint :data:`PIPELINED_MIN_FILL`, float32 :data:`ADJOINT_FLOAT32_MIN_FILL`, the adjoint
-    with the running product :data:`SCAN_ADJOINT_MIN_FILL`). Its tiles
-    (channels x steps, warps, stages):
+    ``pipelined``: the caller can run the pipelined walk (the k = 1 scans and their adjoints, ``backward``),
+    taken for enough chains (the recurrence's forward :data:`FORWARD_MIN_FILL`, the running product's
+    :data:`SCAN_FORWARD_MIN_FILL` or :data:`SCAN_FORWARD_LONG_MIN_FILL`, the recurrence's adjoint
+    :data:`PIPELINED_MIN_FILL`, float32 :data:`ADJOINT_FLOAT32_MIN_FILL`, the adjoint with the running
+    product :data:`SCAN_ADJOINT_MIN_FILL`). Its tiles (channels x steps, warps, stages):
 
     - recurrence (``single_pass``): forward 64 x 32 (2-byte types 64 x 64; float32 with at most SMs chains
       of 32 channels 32 x 64, with at most SMs chains of 16 channels 16 x 128, with or without the running
