@@ -1135,11 +1135,13 @@ def _make_plan(
             return ScanPlan("split", block_t, block_j, 1, num_warps, max(length, 1), 1, njb, stages, 2)
     if forced is not None and forced[0] == "split":
         forced = None  # a scan the split walk does not serve keeps the heuristic's plan
-    if backward:
-        fill = PIPELINED_MIN_FILL if single_pass else SCAN_ADJOINT_MIN_FILL
-        if itemsize == 4 and single_pass:
-            one_wave = _chains(rows, dj, 32) <= sms
-            fill = ADJOINT_FLOAT32_MIN_FILL if one_wave else ADJOINT_FLOAT32_WIDE_MIN_FILL
+    if backward and not single_pass:
+        fill = SCAN_ADJOINT_MIN_FILL
+    elif backward and itemsize == 4:
+        one_wave = _chains(rows, dj, 32) <= sms
+        fill = ADJOINT_FLOAT32_MIN_FILL if one_wave else ADJOINT_FLOAT32_WIDE_MIN_FILL
+    elif backward:
+        fill = PIPELINED_MIN_FILL
     elif single_pass:
         fill = FORWARD_MIN_FILL
     elif itemsize <= 2 and length >= SCAN_FORWARD_LONG_LENGTH:
@@ -1221,20 +1223,14 @@ def _pipelined_tile(
                 if _chains(rows, dj, narrow) <= sms:
                     return min(narrow, width), steps, 1, 4, 2
         return min(64, width), 64 if itemsize <= 2 else 32, 1, 4, 2
-    if with_x:
-        if itemsize != 4:
-            return min(32, width), 64, 4, 3, 0
-        if _chains(rows, dj, 32) <= sms:
-            return min(32, width), 64, 4, 4, 4  # float32 chains of 32 channels fit in one wave
-        if _chains(rows, dj, 64) < PIPELINED_MIN_FILL * sms:
-            return min(64, width), 64, 4, 3, 4
-        return min(32, width), 32, 4, 3, 4
     if itemsize == 4:
+        columns = 4 if with_x else 0  # the running product's adjoint folds the carry, four channels a thread
         if _chains(rows, dj, 32) <= sms:
-            return min(32, width), 64, 4, 4, 0  # float32 chains of 32 channels fit in one wave
-        if _chains(rows, dj, 64) >= PIPELINED_MIN_FILL * sms:
-            return min(64, width), 32, 4, 4, 0
-    elif itemsize <= 2 and _chains(rows, dj, 32) <= 2 * sms:
+            return min(32, width), 64, 4, 4, columns  # float32 chains of 32 channels fit in one wave
+        if _chains(rows, dj, 64) < PIPELINED_MIN_FILL * sms:
+            return min(64, width), 64, 4, 3, columns
+        return (min(32, width), 32, 4, 3, 4) if with_x else (min(64, width), 32, 4, 4, 0)
+    if with_x or (itemsize <= 2 and _chains(rows, dj, 32) <= 2 * sms):
         return min(32, width), 64, 4, 3, 0
     return min(64, width), 64, 4, 3, 0
 
