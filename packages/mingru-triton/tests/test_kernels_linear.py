@@ -229,6 +229,53 @@ def test_lookback_combines_summaries(every: int) -> None:
         pass
 
 
+def _window_runs(
+    shape: tuple[int, int, int], dtype: torch.dtype, windows: tuple[int, ...], sparse: int, tile: int | None
+) -> list[tuple[Tensor, ...]]:
+    """(h, da, db, dh0) of the single pass for each look-back window (0: per-tile statuses), the forward with
+    a NaN coefficient in row 0 (so some summaries carry a NaN product) and the adjoint of a random grad."""
+    a, b = _inputs(shape, dtype)
+    a[0, shape[1] // 3, 0] = float("nan")
+    h0 = torch.randn(shape[0], shape[2], dtype=torch.float64).to(a.device, dtype)
+    gh = torch.randn(shape, dtype=torch.float64).to(a.device, dtype)
+    runs = []
+    for window in windows:
+        with (
+            pytest.MonkeyPatch.context() as patch,
+            _launch.sparse_final_states(sparse),
+            linear.force_strategy("lookback", None, tile),
+        ):
+            patch.setattr(linear, "LOOKBACK_WINDOW", window)
+            h = linear.linear_recurrence_fwd(a, b, h0)
+            runs.append((h, *linear.linear_recurrence_bwd(a, h0, h, gh)))
+    return runs
+
+
+def _assert_same_bits(runs: list[tuple[Tensor, ...]]) -> None:
+    assert all(x.isnan().any() for x in runs[0])  # the NaN reached h, da, db and dh0
+    for run in runs[1:]:
+        for x, y in zip(runs[0], run, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("sparse", [1, 13])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@marked(on_interpreter)
+def test_lookback_window_gives_the_same_bits(dtype: torch.dtype, sparse: int) -> None:
+    """The look-back over per-channel status words (4 or 8 tiles per read) gives the bits of the per-tile
+    statuses, also walking over up to 12 summaries (several windows) and with a NaN product among them."""
+    _assert_same_bits(_window_runs((1, 60, 40), dtype, (0, 4, 8), sparse, 2))
+
+
+@pytest.mark.parametrize("sparse", [1, 13])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@marked(on_cuda)
+def test_lookback_window_gives_the_same_bits_on_cuda(dtype: torch.dtype, sparse: int) -> None:
+    """:func:`test_lookback_window_gives_the_same_bits` on the plan's tiles at a few-chain shape, where
+    many tiles of a chain run at once."""
+    _assert_same_bits(_window_runs((1, 8192, 2048), dtype, (0, 8, 16), sparse, None))
+
+
 @pytest.mark.parametrize("columns", [0, 2])
 @marked(on_interpreter)
 def test_pipelined_tiles_fold_or_not(columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
