@@ -258,13 +258,26 @@ def _assert_same_bits(runs: list[tuple[Tensor, ...]]) -> None:
             torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("sparse", [1, 13])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("dtype", "warps", "sparse"),
+    [(torch.float32, 1, 13), (torch.bfloat16, 2, 13), (torch.float32, 2, 1), (torch.bfloat16, 1, 1)],
+)
 @marked(on_interpreter)
-def test_lookback_window_gives_the_same_bits(dtype: torch.dtype, sparse: int) -> None:
+def test_lookback_window_gives_the_same_bits(
+    dtype: torch.dtype, warps: int, sparse: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The look-back over per-channel status words (4 or 8 tiles per read) gives the bits of the per-tile
-    statuses, also walking over up to 12 summaries (several windows) and with a NaN product among them."""
-    _assert_same_bits(_window_runs((1, 60, 40), dtype, (0, 4, 8), sparse, 2))
+    statuses, also walking over up to 12 summaries (several windows) and with a NaN product among them, on
+    one-warp tiles of 32 channels (words read with volatile loads) and two-warp ones (relaxed atomics)."""
+    monkeypatch.setattr(linear, "_lookback_tile", lambda *args: (32, 2, warps))
+    linear._cached_plan.cache_clear()
+    try:
+        with linear.force_strategy("lookback", None, 2):
+            plan = linear.scan_plan(1, 40, 40, 1, 4, max_block_t=64, single_pass=True)
+        assert (plan.strategy, plan.block_j, plan.num_warps) == ("lookback", 32, warps)
+        _assert_same_bits(_window_runs((1, 40, 40), dtype, (0, 4, 8), sparse, 2))
+    finally:
+        linear._cached_plan.cache_clear()
 
 
 @pytest.mark.parametrize("sparse", [1, 13])
