@@ -289,6 +289,19 @@ def test_lookback_window_gives_the_same_bits_on_cuda(dtype: torch.dtype, sparse:
     _assert_same_bits(_window_runs((1, 8192, 2048), dtype, (0, 8, 16), sparse, None))
 
 
+@pytest.mark.parametrize("window", [3, -2])
+@marked(on_interpreter)
+def test_lookback_window_must_be_a_power_of_two(window: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look-back window the kernel cannot take (its reads are a power-of-two range) is refused by name."""
+    a, b = _inputs((1, 40, 8), torch.float32)
+    monkeypatch.setattr(linear, "LOOKBACK_WINDOW", window)
+    with (
+        linear.force_strategy("lookback", None, 4),
+        pytest.raises(ValueError, match=rf"LOOKBACK_WINDOW must be 0 or a power of two, got {window}"),
+    ):
+        linear.linear_recurrence_fwd(a, b, torch.zeros_like(b[:, 0]))
+
+
 @pytest.mark.parametrize("columns", [0, 2])
 @marked(on_interpreter)
 def test_pipelined_tiles_fold_or_not(columns: int, monkeypatch: pytest.MonkeyPatch) -> None:

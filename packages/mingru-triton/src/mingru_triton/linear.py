@@ -1519,6 +1519,8 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tens
     chains = rows * plan.num_jblocks
     tiles = chains * plan.num_chunks
     window = 0 if is_fp64(coef) else LOOKBACK_WINDOW
+    if window < 0 or window & (window - 1):
+        raise ValueError(f"linear.LOOKBACK_WINDOW must be 0 or a power of two, got {window}")
     if window:
         flag_buf = torch.zeros(2, dtype=torch.int32, device=coef.device)
         agg, inc = torch.zeros(2 * tiles * plan.block_j, dtype=torch.int64, device=coef.device), None
