@@ -217,7 +217,9 @@ class TestInterpreter:
         h0 = signed_h0(shape[0], shape[2], torch.float64, device)
         h0[h0 == 0] = 0.5  # the derivative in h0 is continuous, but finite differences at 0 cross a kink
         args = [x.requires_grad_() for x in (log_coeffs, log_values, h0)]
-        fast = strategy == "chunked"
+        # Fast mode (one random projection of the Jacobian) on the tiled strategies: the full Jacobian of 40
+        # outputs took 18-24 s a strategy under the interpreter; the sequential one keeps the full check.
+        fast = strategy != "sequential"
         with force_strategy(strategy):
             assert torch.autograd.gradcheck(parallel_scan_log_fwd, tuple(args[:2]), fast_mode=fast)
             assert torch.autograd.gradcheck(
