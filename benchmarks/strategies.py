@@ -12,16 +12,14 @@ layout, forward and forward+backward through autograd (it computes no A). Before
 kernel and the pipelined walk are checked against the sequential one (relative difference) and against
 themselves over repeated calls (bitwise).
 
-``--windows 8,16`` adds, for the recurrence, the single pass with its look-back over per-channel status words
-(``linear.LOOKBACK_WINDOW`` = W tiles per read; 0 is the per-tile statuses), checked bitwise against W = 0
-before timing. ``--graph`` times CUDA graph replays (``triton.testing.do_bench_cudagraph``: GPU time only,
-the floor too) instead of eager calls, whose host time bounds the small and few-chain shapes. ``--smoke``
-runs a tiny shape on the CPU under the Triton interpreter (with a window of 4): the checks run, the times
-mean nothing.
+``--graph`` times CUDA graph replays (``triton.testing.do_bench_cudagraph``: GPU time only, the floor too)
+instead of eager calls, whose host time bounds the small and few-chain shapes; a call that cannot be
+captured shows nan. ``--smoke`` runs a tiny shape on the CPU under the Triton interpreter: the checks run,
+the times mean nothing.
 
     python benchmarks/strategies.py                                 # on a CUDA machine
     python benchmarks/strategies.py --shapes 8x16384x1024 --dtypes float32 --ops scan
-    python benchmarks/strategies.py --shapes 1x8192x2048,1x65536x256 --ops recurrence --windows 8,16 --graph
+    python benchmarks/strategies.py --shapes 1x8192x2048,1x65536x256 --ops recurrence --graph
     python benchmarks/strategies.py --smoke
 """
 
@@ -32,7 +30,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 if "--smoke" in sys.argv:
@@ -79,19 +77,6 @@ OPS = ("recurrence", "scan")
 Tensors = tuple[torch.Tensor, ...]
 
 
-@contextlib.contextmanager
-def lookback_window(window: int) -> Iterator[None]:
-    """Within the block, the single pass reads ``window`` tiles per round trip (0: per-tile statuses); the
-    strategy is forced to the single pass, which also keeps launch recipes out."""
-    saved = linear.LOOKBACK_WINDOW
-    linear.LOOKBACK_WINDOW = window
-    try:
-        with linear.force_strategy("lookback"):
-            yield
-    finally:
-        linear.LOOKBACK_WINDOW = saved
-
-
 def forward(op: str, a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor) -> Tensors:
     """(h,) of the recurrence from h0, or (A, Bc) of the scan."""
     if op == "recurrence":
@@ -111,12 +96,9 @@ def served(op: str) -> tuple[str, ...]:
     return linear.STRATEGIES if op == "recurrence" else tuple(s for s in linear.STRATEGIES if s != "lookback")
 
 
-def check(
-    op: str, a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, grad: torch.Tensor, windows: Sequence[int]
-) -> str:
+def check(op: str, a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, grad: torch.Tensor) -> str:
     """The single-pass kernel and the pipelined walk (those of them that serve ``op``) against the
-    sequential one, and each against itself over three calls; the single pass with each look-back window
-    against the one with per-tile statuses (bitwise)."""
+    sequential one, and each against itself over three calls."""
     with linear.force_strategy("sequential"):
         outs = forward(op, a, b, h0)
         want = (*outs, *backward(op, a, h0, outs, grad))
@@ -135,18 +117,6 @@ def check(
         notes.append(
             f"{name} vs sequential: max relative difference {diff:.1e}; repeated calls bitwise equal: {same}"
         )
-    if "lookback" in served(op) and windows:
-        with lookback_window(0):
-            outs = forward(op, a, b, h0)
-            want = (*outs, *backward(op, a, h0, outs, grad))
-        for window in windows:
-            with lookback_window(window):
-                runs = []
-                for _ in range(3):
-                    got = forward(op, a, b, h0)
-                    runs.append((*got, *backward(op, a, h0, got, grad)))
-            same = all(torch.equal(x, y) for got in runs for x, y in zip(got, want, strict=True))
-            notes.append(f"lookback W={window} bitwise equal to W=0 over three calls: {same}")
     return "; ".join(notes)
 
 
@@ -166,18 +136,13 @@ def rows(
     floors = [run.copy_ms(n * a.numel() * a.element_size(), device, ms) for n in streams]
     plan = linear._plan_for(a, 1, single_pass=op == "recurrence", pipelined=True).strategy
     label = f"{op} {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}"
-    out = [f"{label}: plan {plan}; {check(op, a, b, h0, grad, args.windows)}"]
+    out = [f"{label}: plan {plan}; {check(op, a, b, h0, grad)}"]
     outs = forward(op, a, b, h0)
     for name in ("plan", *served(op)):
         with linear.force_strategy(name) if name != "plan" else contextlib.nullcontext():
             fwd = ms(lambda: forward(op, a, b, h0))
             bwd = ms(lambda: backward(op, a, h0, outs, grad))
         out.append(_row(f"mingru {name}", fwd, bwd, floors))
-    for window in args.windows if "lookback" in served(op) else ():
-        with lookback_window(window):
-            fwd = ms(lambda: forward(op, a, b, h0))
-            bwd = ms(lambda: backward(op, a, h0, outs, grad))
-        out.append(_row(f"mingru lookback W={window}", fwd, bwd, floors))
     if args.peer and op == "recurrence":
         a_t, b_t = (x.transpose(1, 2).contiguous() for x in (a, b))
         leaves = [x.clone().requires_grad_() for x in (a_t, b_t)]
@@ -202,26 +167,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
     parser.add_argument("--rep", type=int, default=40, help="do_bench rep in ms")
-    parser.add_argument(
-        "--windows", default="", help="comma-separated look-back windows (tiles per read) for the single pass"
-    )
     parser.add_argument("--graph", action="store_true", help="time CUDA graph replays (GPU time only)")
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, one tiny shape")
     args = parser.parse_args(argv)
     if args.smoke:
         args.shapes, args.dtypes = "2x40x3", "float32"
-        args.windows = args.windows or "4"
     elif not torch.cuda.is_available():
         parser.error("the strategy benchmark times CUDA kernels: run it on a GPU, or pass --smoke")
     args.shapes = [run.parse_shape(s) for s in args.shapes.split(",")]
     args.dtypes = [getattr(torch, name.strip()) for name in args.dtypes.split(",")]
     args.ops = [name.strip() for name in args.ops.split(",")]
-    try:
-        args.windows = [int(w) for w in args.windows.split(",") if w.strip()]
-    except ValueError:
-        parser.error(f"--windows takes comma-separated powers of two; got {args.windows!r}")
-    if any(w < 1 or w & (w - 1) for w in args.windows):
-        parser.error(f"--windows takes comma-separated powers of two; got {args.windows}")
     unknown = [name for name in args.ops if name not in OPS]
     if unknown:
         parser.error(f"--ops takes {', '.join(OPS)}; got {', '.join(unknown)}")

@@ -25,9 +25,7 @@ Strategies (chosen by :func:`scan_plan`, forced in tests by :func:`force_strateg
   replays the summaries in between in order (so the bits never depend on timing), then publishes its own
   end state. Inputs are read once and outputs written once; the status costs 12 bytes per channel per
   tile. Chosen for >= 8 (row, 32-channel block) chains (float64: 16 of 64 channels) and T >= 1024 where
-  the pipelined walk is not (and for the log scan's single pass). :data:`LOOKBACK_WINDOW` > 0 takes a
-  look-back over per-channel 64-bit words (value and readiness in one word, several tiles per read; off:
-  not yet timed on a GPU).
+  the pipelined walk is not (and for the log scan's single pass).
 - ``sequential``: one program per (row, channel block) walks all of T. Chosen when those programs fill the
   GPU, or when T is short.
 - ``chunked`` (T-parallel, three launches): (1) each (row, chunk, channel block) writes the chunk's
@@ -312,77 +310,6 @@ def _scan_kernel(
 
 
 @triton.jit
-def _word(lo, hi):
-    """A 64-bit status word: the bits of float32 ``lo`` in the low half, int32 ``hi`` in the high half (0
-    there: not published yet, as the buffers are zeroed)."""
-    return (hi.to(tl.int64) << 32) | (lo.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-
-
-@triton.jit
-def _word_lo(w):
-    return (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _read_words(ptrs, mask, POLL: tl.constexpr):
-    """Status words as another program may be writing them: volatile loads (POLL), else relaxed atomics
-    (each copy of a value replicated over warps then sees the same word)."""
-    if POLL:
-        w = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    else:
-        w = tl.atomic_add(ptrs, 0, mask=mask, sem="relaxed")
-    return w
-
-
-@triton.jit
-def _window_carry(
-    agg_ptr, inc_ptr, tile, CHAINS, lanes_j, p_end, h_end, BLOCK_J: tl.constexpr, WINDOW: tl.constexpr,
-    POLL: tl.constexpr,
-):  # fmt: skip
-    """The float32 carry into ``tile`` from per-channel 64-bit words (int64, zeroed, one per tile and
-    channel): ``agg`` (end state from 0, NOT of the coefficient product's bits) once a tile has scanned,
-    ``inc`` (final end state, 1) once its carry is known. Publishes the tile's summary, then each channel
-    reads its chain's WINDOW tiles before the newest one not yet passed in one round trip, stops at the
-    nearest final end state with every summary after it published (else passes the published summaries and
-    waits at the first gap), and replays those summaries in walk order, WINDOW loads at a time: the
-    arithmetic of a sequential fold over tiles, so the bits do not depend on timing."""
-    # A NaN product keeps the canonical bits, so the NOT of its bits is never 0 (not published).
-    p_bits = tl.where(p_end != p_end, float("nan"), p_end).to(tl.int32, bitcast=True)
-    tl.atomic_xchg(agg_ptr + tile * BLOCK_J + lanes_j, _word(h_end, ~p_bits), sem="relaxed")
-    rows = tl.arange(0, WINDOW)
-    top = lanes_j.to(tl.int64) * 0 + (tile - CHAINS)
-    found = top
-    carry = h_end * 0.0
-    done = lanes_j < 0
-    while tl.min(done.to(tl.int32), axis=0) == 0:
-        idx = top[None, :] - (rows * CHAINS)[:, None]
-        ok = (idx >= 0) & ~done[None, :]
-        offs = idx * BLOCK_J + lanes_j[None, :]
-        w_inc = _read_words(inc_ptr + offs, ok, POLL)
-        w_agg = _read_words(agg_ptr + offs, ok, POLL)
-        has_inc = ok & ((w_inc >> 32) != 0)
-        gap = ~has_inc & ~(ok & ((w_agg >> 32) != 0))
-        first_inc = tl.min(tl.where(has_inc, rows[:, None], WINDOW), axis=0)
-        first_gap = tl.min(tl.where(gap, rows[:, None], WINDOW), axis=0)
-        hit = ~done & (first_inc < first_gap)
-        w_hit = tl.sum(tl.where(rows[:, None] == first_inc[None, :], w_inc, 0), axis=0)
-        carry = tl.where(hit, _word_lo(w_hit), carry)
-        found = tl.where(hit, top - first_inc * CHAINS, found)
-        top = tl.where(done | hit, top, top - first_gap * CHAINS)
-        done = done | hit
-    between = (tile - found) // CHAINS - 1
-    for start in range(0, tl.max(between, axis=0), WINDOW):
-        idx = found[None, :] + ((start + rows + 1) * CHAINS)[:, None]
-        use = (start + rows)[:, None] < between[None, :]
-        loaded = tl.load(agg_ptr + idx * BLOCK_J + lanes_j[None, :], mask=use, other=0, cache_modifier=".cg")
-        for i in tl.static_range(WINDOW):
-            w = tl.sum(tl.where(rows[:, None] == i, loaded, 0), axis=0)
-            p_i = (~(w >> 32)).to(tl.int32).to(tl.float32, bitcast=True)
-            carry = tl.where(start + i < between, _word_lo(w) + p_i * carry, carry)
-    return carry
-
-
-@triton.jit
 def _lookback_kernel(
     coef_ptr,
     u_ptr,
@@ -418,8 +345,6 @@ def _lookback_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_J: tl.constexpr,
     FP64: tl.constexpr,
-    WINDOW: tl.constexpr,
-    POLL: tl.constexpr,
 ):
     """One tile of BLOCK_T walk steps x BLOCK_J channels of h_s = a h_{s-1} + u_s (k = 1, V = 1).
 
@@ -442,13 +367,9 @@ def _lookback_kernel(
     the initial state is exp(u[:, 0]); with LOG_GRADS, ``lb`` and ``hout`` are (R, L + 1, DJ), the stored
     h0 is exp(lb[:, 0]) and DINIT writes d log h0 = h0 d(h0) to hout[:, 0]. SPARSE > 1
     (tests) publishes final states only on every SPARSE-th tile, so the look-back walks over summaries.
-    WINDOW > 0 (not float64) takes the carry from per-channel status words, WINDOW tiles per read
-    (:func:`_window_carry`; ``agg`` int64, two words per tile and channel, zeroed; ``inc`` unused; the
-    status buffer holds only the counter and the BAIL flag), read with volatile loads where POLL (no value
-    of a channel held by two warps) and relaxed atomics else. Inputs contiguous (R, L, DJ).
+    Inputs contiguous (R, L, DJ).
     """
-    ctl = flag_ptr + CHAINS * NT if WINDOW == 0 else flag_ptr  # the tile counter, then the BAIL flag
-    tile = tl.atomic_add(ctl, 1).to(tl.int64)
+    tile = tl.atomic_add(flag_ptr + CHAINS * NT, 1).to(tl.int64)
     k = tile // CHAINS
     chain = tile % CHAINS
     r = chain // NJB
@@ -484,7 +405,7 @@ def _lookback_kernel(
     if BAIL:  # noqa: SIM102 (a constexpr test around a runtime one)
         # A coefficient above 1 (a log above 0): flag the launch; the caller's fallback redoes all of it.
         if tl.max(tl.max(a, axis=1), axis=0) > 0.0:
-            tl.atomic_xchg(ctl + 1, 1)
+            tl.atomic_xchg(flag_ptr + CHAINS * NT + 1, 1)
     if EXP_COEF:
         a = fast_exp(a, FAST)
     p, h = tl.associative_scan((a, u), 0, _compose)
@@ -492,13 +413,10 @@ def _lookback_kernel(
     p_end = tl.sum(tl.where(last, p, 0.0), axis=0)
     h_end = tl.sum(tl.where(last, h, 0.0), axis=0)
     status = flag_ptr + tile
-    words = agg_ptr + CHAINS * NT * BLOCK_J  # WINDOW: the end states' words follow the summaries'
     carry = h_end * 0.0
     if k == 0:
         if HAS_INIT:
             carry = _first_state(init_ptr, u_ptr, r, L, DJ, offs_j, mask_j, H0_SLOT, FP64)
-    elif WINDOW > 0:
-        carry = _window_carry(agg_ptr, words, tile, CHAINS, lanes_j, p_end, h_end, BLOCK_J, WINDOW, POLL)
     else:
         tl.store(agg_ptr + (2 * tile) * BLOCK_J + lanes_j, p_end)
         tl.store(agg_ptr + (2 * tile + 1) * BLOCK_J + lanes_j, h_end)
@@ -528,12 +446,9 @@ def _lookback_kernel(
                 carry = tl.where(use, h_i + p_i * carry, carry)
     final = h_end + p_end * carry
     if (k < NT - 1) & (k % SPARSE == 0):
-        if WINDOW > 0:
-            tl.atomic_xchg(words + tile * BLOCK_J + lanes_j, _word(final, lanes_j * 0 + 1), sem="relaxed")
-        else:
-            tl.store(inc_ptr + tile * BLOCK_J + lanes_j, final)
-            tl.debug_barrier()
-            tl.atomic_xchg(status, 2, sem="release")
+        tl.store(inc_ptr + tile * BLOCK_J + lanes_j, final)
+        tl.debug_barrier()
+        tl.atomic_xchg(status, 2, sem="release")
     h = h + p * carry[None, :]
     if LOG_GRADS:
         lb = _acc(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FP64)
@@ -1398,9 +1313,6 @@ _LOOKBACK_FLAGS = (
 )  # fmt: skip
 LOOKBACK_REPLAY = 4
 """Summaries one replay step of the single-pass kernel's look-back loads at once."""
-LOOKBACK_WINDOW = 0
-"""Tiles the single-pass kernel's look-back reads per round trip (per-channel status words); 0 takes the
-per-tile statuses (float64 always does)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1518,25 +1430,17 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tens
     rows, length, dj = coef.shape
     chains = rows * plan.num_jblocks
     tiles = chains * plan.num_chunks
-    window = 0 if is_fp64(coef) else LOOKBACK_WINDOW
-    if window < 0 or window & (window - 1):
-        raise ValueError(f"linear.LOOKBACK_WINDOW must be 0 or a power of two, got {window}")
-    if window:
-        flag_buf = torch.zeros(2, dtype=torch.int32, device=coef.device)
-        agg, inc = torch.zeros(2 * tiles * plan.block_j, dtype=torch.int64, device=coef.device), None
-    else:
-        acc = _acc_dtype(coef)
-        flag_buf = torch.zeros(tiles + 2, dtype=torch.int32, device=coef.device)
-        agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
-        inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
-    poll = int(window > 0 and plan.num_warps == 1 and plan.block_j >= 32)
+    acc = _acc_dtype(coef)
+    flag_buf = torch.zeros(tiles + 2, dtype=torch.int32, device=coef.device)
+    agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
+    inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
     args = list(map(ptrs.get, _LOOKBACK_PTRS))
     meta = _meta(_LOOKBACK_FLAGS, tuple(flags.items()))
     launch(
         _lookback_kernel, (tiles,), *args, agg, inc, flag_buf, length, dj, plan.num_jblocks, chains,
         plan.num_chunks, **meta, FAST=fast_math(coef), SPARSE=sparse_every(),
         REPLAY=LOOKBACK_REPLAY, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j, FP64=is_fp64(coef),
-        WINDOW=window, POLL=poll, num_warps=plan.num_warps,
+        num_warps=plan.num_warps,
     )  # fmt: skip
     return flag_buf
 
