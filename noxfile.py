@@ -148,10 +148,10 @@ def tests(session: nox.Session, torch: str) -> None:
     The main run unsets TRITON_INTERPRET (compile and fake-tensor tests need the real dispatch); the
     second run sets TRITON_INTERPRET=1 and selects only tests marked ``interpret``: all of them on the
     default torch release; on the others, a cover of each test function's parameters (every value of each
-    parameter in at least one of its cases, :func:`_parameter_cover`), about 60% of the cases in 70% of the
-    time: every strategy, dtype and tile the tests name still runs under that release's Triton interpreter,
-    and the full cross product runs on the default release. Arguments after ``--`` go to every pytest run
-    (paths given there replace the default test folders).
+    parameter in at least one of its cases, :func:`_parameter_cover`), about 60% of the cases in about
+    half the time: every strategy, dtype and tile the tests name still runs under that release's Triton
+    interpreter, and the full cross product runs on the default release. Arguments after ``--`` go to every
+    pytest run (paths given there replace the default test folders).
     """
     session.install(f"torch=={torch}", TRITON_FOR_TORCH[torch])
     session.install("pytest", "pytest-xdist", NUMPY_FOR_TORCH[torch], *EDITABLE_BUILD_TOOLS)
