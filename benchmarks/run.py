@@ -158,6 +158,18 @@ def peer_wanted(name: str, cuda: bool) -> bool:
     return reason is None
 
 
+def cuda_graph_ms(fn: Callable[[], Any], rep: int) -> tuple[float | None, str]:
+    """Median GPU time of ``fn`` replayed from a CUDA graph (``do_bench_cudagraph``, ``rep`` ms), or (None,
+    why not) for a call that cannot be captured (host syncs, CPU work, ...)."""
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        return float(do_bench_cudagraph(fn, rep=rep, return_mode="median")), ""
+    except Exception as exc:
+        torch.cuda.synchronize()
+        return None, f"no CUDA graph ({type(exc).__name__})"
+
+
 def copy_ms(nbytes: int, device: torch.device, timer: Callable[[Callable[[], Any]], float]) -> float:
     """The bandwidth floor: ``timer`` of a device copy that reads nbytes/2 and writes nbytes/2."""
     src = torch.empty(max(nbytes // 8, 1), dtype=torch.float32, device=device)
@@ -238,13 +250,7 @@ class Runner:
         """Median GPU time of ``fn`` replayed from a CUDA graph, or (None, why not)."""
         if not self.cuda or not self.args.graph:
             return None, ""
-        from triton.testing import do_bench_cudagraph
-
-        try:
-            return float(do_bench_cudagraph(fn, rep=self.args.rep, return_mode="median")), ""
-        except Exception as exc:  # a call that cannot be captured (host syncs, CPU work, ...)
-            self.sync()
-            return None, f"no CUDA graph ({type(exc).__name__})"
+        return cuda_graph_ms(fn, self.args.rep)
 
     def host_ms(self, fn: Callable[[], Any], calls: int = 5, rounds: int = 3) -> float:
         """Host time of one call of ``fn``: the least over ``rounds`` of ``calls`` back-to-back calls, timed

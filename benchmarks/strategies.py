@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 import time
@@ -49,15 +50,12 @@ def timer(cuda: bool, rep: int, graph: bool = False) -> Callable[[Callable[[], A
     """Milliseconds per call: do_bench's median on CUDA (of CUDA graph replays where ``graph``), one
     wall-clock call otherwise."""
     if cuda and graph:
-        from triton.testing import do_bench_cudagraph
 
         def replayed(fn: Callable[[], Any]) -> float:
-            try:
-                return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
-            except Exception as exc:  # a call that cannot be captured: its row shows nan
-                torch.cuda.synchronize()
-                print(f"  no CUDA graph ({type(exc).__name__}: {exc})", flush=True)
-                return float("nan")
+            ms, why = run.cuda_graph_ms(fn, rep)
+            if ms is None:  # its row shows nan
+                print(f"  {why}", flush=True)
+            return math.nan if ms is None else ms
 
         return replayed
     if cuda:
