@@ -2,14 +2,14 @@
 
 Two ops (``--ops``): "recurrence", the layers' ``linear_recurrence_fwd`` / ``_bwd``, and "scan", the seed
 contract's ``linear_scan_fwd`` / ``_bwd`` (which also write and read the running product A). For each op,
-shape and dtype, forward and backward are timed with every strategy that serves the op forced
-(``pipelined``, ``lookback`` (the recurrence only), ``sequential``, ``chunked``) and with the heuristic's own
+shape and dtype, forward and backward are timed with every strategy that serves the op forced (``pipelined``,
+``lookback`` and ``segment`` (the recurrence only), ``sequential``, ``chunked``) and with the heuristic's own
 choice ("plan"): the median of ``triton.testing.do_bench``, and "x floor", that time over the time a device
 copy of the bytes the op must move takes (recurrence forward: read a, b, write h; backward: read a, h, dh,
-write da, db; scan forward: read a, b, write A, Bc; backward: read a, A, Bc, dA, dBc, write da, db),
-measured in the same run. accelerated-scan, when installed, is timed beside the recurrence on its (B, D, T)
-layout, forward and forward+backward through autograd (it computes no A). Before timing, the single-pass
-kernel and the pipelined walk are checked against the sequential one (relative difference) and against
+write da, db; scan forward: read a, b, write A, Bc; backward: read a, A, Bc, dA, dBc, write da, db), measured
+in the same run. accelerated-scan, when installed, is timed beside the recurrence on its (B, D, T) layout,
+forward and forward+backward through autograd (it computes no A). Before timing, the single-pass kernel, the
+segment kernel and the pipelined walk are checked against the sequential one (relative difference) and against
 themselves over repeated calls (bitwise).
 
 ``--graph`` times CUDA graph replays (``triton.testing.do_bench_cudagraph``: GPU time only, the floor too)
@@ -90,18 +90,20 @@ def backward(op: str, a: torch.Tensor, h0: torch.Tensor, outs: Tensors, grad: to
 
 
 def served(op: str) -> tuple[str, ...]:
-    """The strategies that run ``op`` (the single pass takes no running product)."""
-    return linear.STRATEGIES if op == "recurrence" else tuple(s for s in linear.STRATEGIES if s != "lookback")
+    """The strategies that run ``op`` (the single pass and the segment kernel take no running product)."""
+    if op == "recurrence":
+        return linear.STRATEGIES
+    return tuple(s for s in linear.STRATEGIES if s not in ("lookback", "segment"))
 
 
 def check(op: str, a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, grad: torch.Tensor) -> str:
-    """The single-pass kernel and the pipelined walk (those of them that serve ``op``) against the
-    sequential one, and each against itself over three calls."""
+    """The single-pass kernel, the segment kernel and the pipelined walk (those of them that serve ``op``)
+    against the sequential one, and each against itself over three calls."""
     with linear.force_strategy("sequential"):
         outs = forward(op, a, b, h0)
         want = (*outs, *backward(op, a, h0, outs, grad))
     notes = []
-    for name in (s for s in ("lookback", "pipelined") if s in served(op)):
+    for name in (s for s in ("lookback", "segment", "pipelined") if s in served(op)):
         runs = []
         with linear.force_strategy(name):
             for _ in range(3):

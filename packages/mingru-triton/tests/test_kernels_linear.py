@@ -24,15 +24,19 @@ the plain k = 1 forward of the split walk: :func:`test_split_walk_matches_refere
 
 @contextlib.contextmanager
 def strategy(name: str, length: int = 32) -> Iterator[None]:
-    """Force ``name``; chunked rows of ``length`` steps get chunks that end mid-tile and span tiles, and
-    the single-pass kernel and the pipelined walk get short tiles, so a row spans many tiles and the last
-    one is partial."""
+    """Force ``name``; chunked rows of ``length`` steps get chunks that end mid-tile and span tiles, the
+    single-pass kernel and the pipelined walk get short tiles, so a row spans many tiles and the last one is
+    partial, and the segment kernel short segments of several tiles."""
     if name in ("lookback", "pipelined"):
         with linear.force_strategy(name, None, 4 if length < 100 else 16):
             yield
         return
     if name == "sequential":
         with linear.force_strategy(name):
+            yield
+        return
+    if name == "segment":
+        with linear.force_strategy(name, *((8, 4) if length < 100 else (48, 16))):
             yield
         return
     chunk, block_t = (24, 16) if length < 100 else (96, 32)
@@ -227,6 +231,35 @@ def test_lookback_combines_summaries(every: int) -> None:
         assert torch.equal(x, y)
     with pytest.raises(ValueError, match="every must be >= 1, got 0"), _launch.sparse_final_states(0):
         pass
+
+
+@pytest.mark.parametrize("every", [1, 4])
+@marked(on_interpreter)
+def test_segments_combine_summaries_on_a_persistent_grid(every: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The segment kernel, forward and reversed: segments that publish no final state make the look-back
+    replay the summaries in between; a persistent grid (two programs taking all the segments) and one
+    program per segment give the same bits, and the plan's segment is whole tiles."""
+    with linear.force_strategy("segment", 6, 4):
+        plan = linear.scan_plan(1, 50, 70, 1, 4, max_block_t=64, single_pass=True)
+        assert (plan.strategy, plan.chunk, plan.num_chunks, plan.block_t, plan.num_jblocks) == (
+            "segment", 8, 7, 4, 3)  # fmt: skip
+        assert linear.scan_plan(1, 50, 70, 1, 4, single_pass=True, backward=True).strategy != "segment"
+        assert linear.scan_plan(1, 50, 70, 1, 4, single_pass=False).strategy != "segment"
+    a, b = _inputs((2, 50, 70), torch.float32)
+    h0 = torch.randn(2, 70, dtype=torch.float64).to(a.device, a.dtype)
+    ref = linear_recurrence(a.double(), b.double(), h0.double())
+    ref_rev = linear_recurrence(a.double().flip(1), b.double().flip(1), h0.double()).flip(1)
+    runs = []
+    for sms in (132, 1):
+        monkeypatch.setattr(linear, "num_sms", lambda device, sms=sms: sms)
+        with _launch.sparse_final_states(every), linear.force_strategy("segment", 8, 4):
+            h = linear.linear_recurrence_fwd(a, b, h0)
+            h_rev = linear.scan_forward(a, b, h0, 1, False, reverse=True)[1]
+        assert_close(h, ref, torch.float32, 50, f"every {every}, {sms} SMs")
+        assert_close(h_rev, ref_rev, torch.float32, 50, f"reversed, every {every}, {sms} SMs")
+        runs.append((h, h_rev))
+    for x, y in zip(*runs, strict=True):
+        assert torch.equal(x, y)
 
 
 @pytest.mark.parametrize("columns", [0, 2])
@@ -689,6 +722,18 @@ def _repeat_recurrence(shape: tuple[int, int, int]) -> None:
         else:
             for x, y in zip(first, run, strict=True):
                 assert torch.equal(x, y)
+
+
+@marked(on_cuda)
+def test_cuda_segments_are_repeatable() -> None:
+    """The segment kernel on few chains (8 chains of 32 channels, 128 segments on a persistent grid) matches
+    the float64 reference and gives the same bits over repeated calls (gates near 1, so carries matter)."""
+    with linear.force_strategy("segment"):
+        plan = linear._plan_for(torch.empty((1, 65536, 256), device="cuda"), 1, single_pass=True)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert plan.strategy == "segment" and plan.num_chunks * plan.num_jblocks > plan.per_sm * sms
+        _check_recurrence((1, 65536, 256), torch.float32)
+        _repeat_recurrence((1, 65536, 256))
 
 
 @marked(on_cuda)

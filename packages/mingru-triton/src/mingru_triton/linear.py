@@ -475,6 +475,156 @@ def _lookback_kernel(
 
 
 # ---------------------------------------------------------------------------------------------------------
+# k = 1 forward in segments read twice
+# ---------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _segment_loads(coef_ptr, u_ptr, base0, s0, L, dstep, inside, lanes_t, mask_j, FP64: tl.constexpr):
+    """Walk steps s0 to s0 + BLOCK_T - 1 of a segment: (coefficients, values, offsets, mask); past L a = 1
+    and u = 0, which leaves the state as it is."""
+    m2 = (s0 + lanes_t < L)[:, None] & mask_j[None, :]
+    offs = base0 + s0 * dstep + inside
+    a = _acc(tl.load(coef_ptr + offs, mask=m2, other=1.0), FP64)
+    u = _acc(tl.load(u_ptr + offs, mask=m2, other=0.0), FP64)
+    return a, u, offs, m2
+
+
+@triton.jit
+def _segment_body(
+    tile,
+    coef_ptr,
+    u_ptr,
+    init_ptr,
+    hout_ptr,
+    agg_ptr,
+    inc_ptr,
+    flag_ptr,
+    L,
+    DJ,
+    NJB,
+    CHAINS,
+    NS,
+    WALK_REV: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    SPARSE: tl.constexpr,
+    SEG: tl.constexpr,
+    STAGES: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    FP64: tl.constexpr,
+):
+    """Segment ``tile`` of :func:`_segment_kernel`: pass 1, the look-back, pass 2."""
+    k = tile // CHAINS
+    chain = tile % CHAINS
+    r = chain // NJB
+    jb = chain % NJB
+    lanes_j = tl.arange(0, BLOCK_J)
+    offs_j = jb * BLOCK_J + lanes_j
+    mask_j = offs_j < DJ
+    lanes_t = tl.arange(0, BLOCK_T)
+    dstep = -DJ if WALK_REV else DJ
+    base0 = r * L * DJ + (L - 1 if WALK_REV else 0) * DJ
+    inside = (lanes_t * dstep)[:, None] + offs_j[None, :]
+    first = k * SEG
+    # Pass 1: the segment's map x -> P x + H, folded sub-tile by sub-tile in walk order.
+    P = _acc(tl.full((BLOCK_J,), 1.0, tl.float32), FP64)
+    H = P * 0.0
+    for i in tl.range(0, SEG // BLOCK_T, num_stages=STAGES):
+        s0 = first + i * BLOCK_T
+        a, u, _, _ = _segment_loads(coef_ptr, u_ptr, base0, s0, L, dstep, inside, lanes_t, mask_j, FP64)
+        pe, he = tl.reduce((a, u), 0, _compose)
+        P, H = P * pe, H * pe + he
+    # The carry into the segment: the single pass's look-back over the segments before it on its chain.
+    carry = H * 0.0
+    status = flag_ptr + tile
+    if k == 0:
+        if HAS_INIT:
+            carry = _first_state(init_ptr, u_ptr, r, L, DJ, offs_j, mask_j, 0, FP64)
+    else:
+        tl.store(agg_ptr + (2 * tile) * BLOCK_J + lanes_j, P)
+        tl.store(agg_ptr + (2 * tile + 1) * BLOCK_J + lanes_j, H)
+        tl.debug_barrier()
+        tl.atomic_xchg(status, 1, sem="release")
+        found = tile - CHAINS
+        seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
+        while seen != 2:
+            found = tl.where(seen == 1, found - CHAINS, found)
+            seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
+        carry = tl.load(inc_ptr + found * BLOCK_J + lanes_j, cache_modifier=".cg")
+        for idx in range(found + CHAINS, tile, CHAINS):
+            p_i = tl.load(agg_ptr + (2 * idx) * BLOCK_J + lanes_j, cache_modifier=".cg")
+            h_i = tl.load(agg_ptr + (2 * idx + 1) * BLOCK_J + lanes_j, cache_modifier=".cg")
+            carry = h_i + p_i * carry
+    if (k < NS - 1) & (k % SPARSE == 0):
+        tl.store(inc_ptr + tile * BLOCK_J + lanes_j, H + P * carry)
+        tl.debug_barrier()
+        tl.atomic_xchg(status, 2, sem="release")
+    # Pass 2: the segment again (most of it still in L2), each sub-tile scanned from the carry.
+    last = (lanes_t == BLOCK_T - 1)[:, None]
+    for i in tl.range(0, SEG // BLOCK_T, num_stages=STAGES):
+        s0 = first + i * BLOCK_T
+        a, u, offs, m2 = _segment_loads(coef_ptr, u_ptr, base0, s0, L, dstep, inside, lanes_t, mask_j, FP64)
+        p, h = tl.associative_scan((a, u), 0, _compose)
+        h = h + p * carry[None, :]
+        tl.store(hout_ptr + offs, h.to(hout_ptr.dtype.element_ty), mask=m2)
+        carry = tl.sum(tl.where(last, h, 0.0), axis=0)
+
+
+@triton.jit
+def _segment_kernel(
+    coef_ptr,
+    u_ptr,
+    init_ptr,
+    hout_ptr,
+    agg_ptr,
+    inc_ptr,
+    flag_ptr,
+    L,
+    DJ,
+    NJB,
+    CHAINS,
+    NS,
+    WALK_REV: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    SPARSE: tl.constexpr,
+    PERSIST: tl.constexpr,
+    SEG: tl.constexpr,
+    STAGES: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    FP64: tl.constexpr,
+):
+    """h_s = a_s h_{s-1} + u_s (k = 1, V = 1, forward) by segments of SEG walk steps x BLOCK_J channels.
+
+    A segment is read twice: pass 1 folds its steps (BLOCK_T at a time, STAGES - 1 sub-tiles of loads in
+    flight) into its map (coefficient product, end state from 0) and publishes it (status 1); the carry
+    comes from the single pass's look-back over the earlier segments of its chain (statuses and summaries
+    as in :func:`_lookback_kernel`, the same sequential fold, so the bits do not depend on timing); its end
+    state is published (status 2) and pass 2 reads the segment again, scans each sub-tile from the carry
+    and writes h. A chain has SEG / BLOCK_T times fewer hand-offs than the single pass on BLOCK_T-step tiles,
+    at the cost of the second read, which L2 serves while few segments are open at once.
+
+    Segments are taken in order from a counter (``flag_ptr[CHAINS * NS]``): segment = k CHAINS + chain.
+    PERSIST: the grid has fewer programs than segments and each takes segments until none is left, so only
+    as many segments as programs are open at once. Walk step s sits at time s (L - 1 - s when WALK_REV);
+    HAS_INIT: the state before the first step is ``init`` (R, DJ), else 0. SPARSE as in
+    :func:`_lookback_kernel`. Inputs contiguous (R, L, DJ).
+    """
+    tile = tl.atomic_add(flag_ptr + CHAINS * NS, 1).to(tl.int64)
+    if PERSIST:
+        while tile < CHAINS * NS:
+            _segment_body(tile, coef_ptr, u_ptr, init_ptr, hout_ptr, agg_ptr, inc_ptr, flag_ptr, L, DJ, NJB,
+                          CHAINS, NS, WALK_REV, HAS_INIT, SPARSE, SEG, STAGES, BLOCK_T, BLOCK_J,
+                          FP64)  # fmt: skip
+            tile = tl.atomic_add(flag_ptr + CHAINS * NS, 1).to(tl.int64)
+    else:
+        _segment_body(tile, coef_ptr, u_ptr, init_ptr, hout_ptr, agg_ptr, inc_ptr, flag_ptr, L, DJ, NJB,
+                      CHAINS, NS, WALK_REV, HAS_INIT, SPARSE, SEG, STAGES, BLOCK_T, BLOCK_J,
+                      FP64)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------
 # k = 1 walk with pipelined loads
 # ---------------------------------------------------------------------------------------------------------
 
@@ -871,7 +1021,7 @@ MAX_V = 512
 """Largest v (value columns sharing one coefficient) a program takes whole: the diagonal scan's limit."""
 
 _FORCED: list[tuple[str, int | None, int | None]] = []
-STRATEGIES = ("pipelined", "split", "lookback", "sequential", "chunked")
+STRATEGIES = ("pipelined", "split", "lookback", "segment", "sequential", "chunked")
 LOOKBACK_MIN_CHAINS = 8
 LOOKBACK_MIN_LENGTH = 1024
 """The single-pass kernel runs when rows x 32-channel blocks >= LOOKBACK_MIN_CHAINS and
@@ -975,7 +1125,8 @@ T = 4096, D = 1024 against the single pass, in ms: B = 4 (64 chains) 0.068 / 0.0
 class ScanPlan(NamedTuple):
     """Launch configuration: tile (BLOCK_T, BLOCK_J, BLOCK_V), warps, chunk length and counts; for the
     pipelined walks also their pipeline depth and channels per thread (0: the compiler's choice). The split
-    walk's tile has BLOCK_T // num_warps steps per warp."""
+    walk's tile has BLOCK_T // num_warps steps per warp. The segment kernel's chunk is its segment length,
+    ``num_stages`` its pipeline depth and ``per_sm`` its programs per SM (0: one program per segment)."""
 
     strategy: str
     block_t: int
@@ -987,17 +1138,19 @@ class ScanPlan(NamedTuple):
     num_jblocks: int
     num_stages: int = 0
     columns: int = 0
+    per_sm: int = 0
 
 
 @contextlib.contextmanager
 def force_strategy(name: str, chunk: int | None = None, block_t: int | None = None) -> Iterator[None]:
     """Within the block, every k = 1 / diagonal scan uses strategy ``name``: "sequential", "chunked",
-    "lookback" (the single-pass kernel), "pipelined" (the pipelined walk) or "split" (the walk with a tile's
-    steps split over warps); the last three only for the scans they serve, the others keep the heuristic's
-    choice.
+    "lookback" (the single-pass kernel), "segment" (the k = 1 recurrence's forward by segments read twice,
+    :func:`_segment_kernel`), "pipelined" (the pipelined walk) or "split" (the walk with a tile's steps
+    split over warps); the last four only for the scans they serve, the others keep the heuristic's choice.
 
-    ``chunk`` sets the chunk length of the chunked strategy and ``block_t`` (a power of two) the time tile
-    (defaults: the heuristic's). For tests: small tiles give many tiles per row on small shapes.
+    ``chunk`` sets the chunk length of the chunked strategy (the segment length of "segment", rounded up to
+    a multiple of the time tile) and ``block_t`` (a power of two) the time tile (defaults: the
+    heuristic's). For tests: small tiles give many tiles per row on small shapes.
     """
     if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r}")
@@ -1124,6 +1277,15 @@ def _make_plan(
     forced: tuple[str, int | None, int | None] | None,
 ) -> ScanPlan:
     block_v = next_pow2(max(v, 1))
+    if forced is not None and forced[0] == "segment":
+        if block_v == 1 and single_pass and not backward:
+            block_j, block_t, num_warps, stages, seg, per_sm = _segment_tile(dj)
+            block_t = forced[2] or min(block_t, max_block_t)
+            seg = cdiv(max(forced[1] or seg, block_t), block_t) * block_t
+            njb = cdiv(max(dj, 1), block_j)
+            segments = cdiv(max(length, 1), seg)
+            return ScanPlan("segment", block_t, block_j, 1, num_warps, seg, segments, njb, stages, 0, per_sm)
+        forced = None  # a scan the segment kernel does not serve keeps the heuristic's plan
     if block_v == 1 and split and not backward:
         fill = SPLIT_MIN_FILL if itemsize <= 2 else PIPELINED_MIN_FILL
         ok = _pipelined_ok(rows, length, dj, itemsize, sms, fill) if forced is None else forced[0] == "split"
@@ -1249,6 +1411,11 @@ def _split_tile(dj: int, itemsize: int) -> tuple[int, int, int, int]:
     if itemsize <= 2:
         return block_j, 64, 4, 4
     return block_j, 128, 8, 3
+
+
+def _segment_tile(dj: int) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_J, BLOCK_T, warps, stages, segment steps, programs per SM) of the segment kernel."""
+    return min(32, next_pow2(max(dj, 1))), 64, 1, 3, 512, 2
 
 
 def _lookback_chains_ok(rows: int, dj: int, itemsize: int) -> bool:
@@ -1445,6 +1612,30 @@ def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tens
     return flag_buf
 
 
+_SEGMENT_PTRS = ("coef", "u", "init", "hout")
+
+
+def _run_segment(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> None:
+    """One launch of :func:`_segment_kernel` with its status buffer and summaries, called like
+    :func:`_run_lookback` with the flags it takes (WALK_REV, HAS_INIT; others ignored)."""
+    coef = ptrs["coef"]
+    rows, length, dj = coef.shape
+    chains = rows * plan.num_jblocks
+    tiles = chains * plan.num_chunks
+    acc = _acc_dtype(coef)
+    flag_buf = torch.zeros(tiles + 1, dtype=torch.int32, device=coef.device)
+    agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
+    inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
+    programs = min(tiles, plan.per_sm * num_sms(coef.device)) if plan.per_sm else tiles
+    launch(
+        _segment_kernel, (programs,), *map(ptrs.get, _SEGMENT_PTRS), agg, inc, flag_buf, length, dj,
+        plan.num_jblocks, chains, plan.num_chunks, WALK_REV=int(flags.get("WALK_REV", 0)),
+        HAS_INIT=int(flags.get("HAS_INIT", 0)), SPARSE=sparse_every(), PERSIST=int(programs < tiles),
+        SEG=plan.chunk, STAGES=plan.num_stages, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j,
+        FP64=is_fp64(coef), num_warps=plan.num_warps,
+    )  # fmt: skip
+
+
 def _acc_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -1469,6 +1660,9 @@ def scan_forward(
         return xout, hout
     if plan.strategy == "lookback":
         _run_lookback(plan, {"coef": coef, "u": u, **inits, **outs}, WALK_REV=int(reverse), **flags)
+        return None, hout
+    if plan.strategy == "segment":
+        _run_segment(plan, {"coef": coef, "u": u, **inits, **outs}, WALK_REV=int(reverse), **flags)
         return None, hout
     if plan.strategy == "sequential":
         _run(plan, {"coef": coef, "u": u, **inits, **outs}, rows, length, dj, v, length, 1,
