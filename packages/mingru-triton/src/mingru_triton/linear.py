@@ -310,6 +310,49 @@ def _scan_kernel(
 
 
 @triton.jit
+def _look_back(agg_ptr, inc_ptr, flag_ptr, status, tile, CHAINS, p_end, h_end, lanes_j, REPLAY: tl.constexpr,
+               BLOCK_J: tl.constexpr):  # fmt: skip
+    """The carry into ``tile`` (not a chain's first) of a single pass over tiles taken in chain order (tile
+    = k CHAINS + chain): publishes the tile's summary (p_end, h_end; status 1), walks back along its chain
+    to the nearest tile whose final end state is published (status 2), waiting at a tile with no status
+    yet, and replays the REPLAY-at-a-time loaded summaries in between in walk order (the arithmetic of a
+    sequential fold over tiles, so the carry does not depend on timing). ``agg`` (tiles, 2, BLOCK_J) and
+    ``inc`` (tiles, BLOCK_J) are in the accumulation type; ``flag`` holds one int32 status per tile, the
+    tile's own at ``status``."""
+    tl.store(agg_ptr + (2 * tile) * BLOCK_J + lanes_j, p_end)
+    tl.store(agg_ptr + (2 * tile + 1) * BLOCK_J + lanes_j, h_end)
+    tl.debug_barrier()
+    tl.atomic_xchg(status, 1, sem="release")
+    # (Polling 32 statuses at once, one per lane, was slower on an H200: the extra atomics cost more than the
+    # round trips they save. So were 8, 16 or 32 volatile loads per round trip with one fence after them,
+    # even at few chains: 1.2x-1.6x the time at (1, 65536, 256), docs/benchmarks.md, round 18.)
+    found = tile - CHAINS
+    seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
+    while seen != 2:
+        found = tl.where(seen == 1, found - CHAINS, found)
+        seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
+    # The REPLAY loads of a step do not depend on each other and are in flight together.
+    carry = tl.load(inc_ptr + found * BLOCK_J + lanes_j, cache_modifier=".cg")
+    for start in range(found + CHAINS, tile, CHAINS * REPLAY):
+        for i in tl.static_range(REPLAY):
+            idx = start + CHAINS * i
+            use = (lanes_j * 0 + idx) < tile
+            slot = agg_ptr + (2 * idx) * BLOCK_J + lanes_j
+            p_i = tl.load(slot, mask=use, other=1.0, cache_modifier=".cg")
+            h_i = tl.load(slot + BLOCK_J, mask=use, other=0.0, cache_modifier=".cg")
+            carry = tl.where(use, h_i + p_i * carry, carry)
+    return carry
+
+
+@triton.jit
+def _publish_final(inc_ptr, status, tile, final, lanes_j, BLOCK_J: tl.constexpr):
+    """Publish ``tile``'s final end state for :func:`_look_back` (its status, at ``status``, set to 2)."""
+    tl.store(inc_ptr + tile * BLOCK_J + lanes_j, final)
+    tl.debug_barrier()
+    tl.atomic_xchg(status, 2, sem="release")
+
+
+@triton.jit
 def _lookback_kernel(
     coef_ptr,
     u_ptr,
@@ -418,37 +461,11 @@ def _lookback_kernel(
         if HAS_INIT:
             carry = _first_state(init_ptr, u_ptr, r, L, DJ, offs_j, mask_j, H0_SLOT, FP64)
     else:
-        tl.store(agg_ptr + (2 * tile) * BLOCK_J + lanes_j, p_end)
-        tl.store(agg_ptr + (2 * tile + 1) * BLOCK_J + lanes_j, h_end)
-        tl.debug_barrier()
-        tl.atomic_xchg(status, 1, sem="release")
-        # Walk back to the nearest earlier tile of the chain with a published final state, waiting at a
-        # tile that has published nothing yet. (Polling 32 statuses at once, one per lane, was slower on an
-        # H200: the extra atomics cost more than the round trips they save. So were 8, 16 or 32 volatile
-        # loads per round trip with one fence after them, even at few chains: 1.2x-1.6x the time at
-        # (1, 65536, 256), docs/benchmarks.md, round 18.)
-        found = tile - CHAINS
-        seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
-        while seen != 2:
-            found = tl.where(seen == 1, found - CHAINS, found)
-            seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
-        # Replay the summaries after it in walk order, as the sequential fold over tiles does: the carry is
-        # the same bits whichever tile the search stopped at, so results do not depend on timing. The
-        # REPLAY loads of a step do not depend on each other and are in flight together.
-        carry = tl.load(inc_ptr + found * BLOCK_J + lanes_j, cache_modifier=".cg")
-        for start in range(found + CHAINS, tile, CHAINS * REPLAY):
-            for i in tl.static_range(REPLAY):
-                idx = start + CHAINS * i
-                use = (lanes_j * 0 + idx) < tile
-                slot = agg_ptr + (2 * idx) * BLOCK_J + lanes_j
-                p_i = tl.load(slot, mask=use, other=1.0, cache_modifier=".cg")
-                h_i = tl.load(slot + BLOCK_J, mask=use, other=0.0, cache_modifier=".cg")
-                carry = tl.where(use, h_i + p_i * carry, carry)
+        carry = _look_back(agg_ptr, inc_ptr, flag_ptr, status, tile, CHAINS, p_end, h_end, lanes_j, REPLAY,
+                           BLOCK_J)  # fmt: skip
     final = h_end + p_end * carry
     if (k < NT - 1) & (k % SPARSE == 0):
-        tl.store(inc_ptr + tile * BLOCK_J + lanes_j, final)
-        tl.debug_barrier()
-        tl.atomic_xchg(status, 2, sem="release")
+        _publish_final(inc_ptr, status, tile, final, lanes_j, BLOCK_J)
     h = h + p * carry[None, :]
     if LOG_GRADS:
         lb = _acc(tl.load(lb_ptr + lbase + inside, mask=m2, other=float("-inf")), FP64)
@@ -491,87 +508,6 @@ def _segment_loads(coef_ptr, u_ptr, base0, s0, L, dstep, inside, lanes_t, mask_j
 
 
 @triton.jit
-def _segment_body(
-    tile,
-    coef_ptr,
-    u_ptr,
-    init_ptr,
-    hout_ptr,
-    agg_ptr,
-    inc_ptr,
-    flag_ptr,
-    L,
-    DJ,
-    NJB,
-    CHAINS,
-    NS,
-    WALK_REV: tl.constexpr,
-    HAS_INIT: tl.constexpr,
-    SPARSE: tl.constexpr,
-    SEG: tl.constexpr,
-    STAGES: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_J: tl.constexpr,
-    FP64: tl.constexpr,
-):
-    """Segment ``tile`` of :func:`_segment_kernel`: pass 1, the look-back, pass 2."""
-    k = tile // CHAINS
-    chain = tile % CHAINS
-    r = chain // NJB
-    jb = chain % NJB
-    lanes_j = tl.arange(0, BLOCK_J)
-    offs_j = jb * BLOCK_J + lanes_j
-    mask_j = offs_j < DJ
-    lanes_t = tl.arange(0, BLOCK_T)
-    dstep = -DJ if WALK_REV else DJ
-    base0 = r * L * DJ + (L - 1 if WALK_REV else 0) * DJ
-    inside = (lanes_t * dstep)[:, None] + offs_j[None, :]
-    first = k * SEG
-    # Pass 1: the segment's map x -> P x + H, folded sub-tile by sub-tile in walk order.
-    P = _acc(tl.full((BLOCK_J,), 1.0, tl.float32), FP64)
-    H = P * 0.0
-    for i in tl.range(0, SEG // BLOCK_T, num_stages=STAGES):
-        s0 = first + i * BLOCK_T
-        a, u, _, _ = _segment_loads(coef_ptr, u_ptr, base0, s0, L, dstep, inside, lanes_t, mask_j, FP64)
-        pe, he = tl.reduce((a, u), 0, _compose)
-        P, H = P * pe, H * pe + he
-    # The carry into the segment: the single pass's look-back over the segments before it on its chain.
-    carry = H * 0.0
-    status = flag_ptr + tile
-    if k == 0:
-        if HAS_INIT:
-            carry = _first_state(init_ptr, u_ptr, r, L, DJ, offs_j, mask_j, 0, FP64)
-    else:
-        tl.store(agg_ptr + (2 * tile) * BLOCK_J + lanes_j, P)
-        tl.store(agg_ptr + (2 * tile + 1) * BLOCK_J + lanes_j, H)
-        tl.debug_barrier()
-        tl.atomic_xchg(status, 1, sem="release")
-        found = tile - CHAINS
-        seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
-        while seen != 2:
-            found = tl.where(seen == 1, found - CHAINS, found)
-            seen = tl.atomic_add(flag_ptr + found, 0, sem="acquire")
-        carry = tl.load(inc_ptr + found * BLOCK_J + lanes_j, cache_modifier=".cg")
-        for idx in range(found + CHAINS, tile, CHAINS):
-            p_i = tl.load(agg_ptr + (2 * idx) * BLOCK_J + lanes_j, cache_modifier=".cg")
-            h_i = tl.load(agg_ptr + (2 * idx + 1) * BLOCK_J + lanes_j, cache_modifier=".cg")
-            carry = h_i + p_i * carry
-    if (k < NS - 1) & (k % SPARSE == 0):
-        tl.store(inc_ptr + tile * BLOCK_J + lanes_j, H + P * carry)
-        tl.debug_barrier()
-        tl.atomic_xchg(status, 2, sem="release")
-    # Pass 2: the segment again (most of it still in L2), each sub-tile scanned from the carry.
-    last = (lanes_t == BLOCK_T - 1)[:, None]
-    for i in tl.range(0, SEG // BLOCK_T, num_stages=STAGES):
-        s0 = first + i * BLOCK_T
-        a, u, offs, m2 = _segment_loads(coef_ptr, u_ptr, base0, s0, L, dstep, inside, lanes_t, mask_j, FP64)
-        p, h = tl.associative_scan((a, u), 0, _compose)
-        h = h + p * carry[None, :]
-        tl.store(hout_ptr + offs, h.to(hout_ptr.dtype.element_ty), mask=m2)
-        carry = tl.sum(tl.where(last, h, 0.0), axis=0)
-
-
-@triton.jit
 def _segment_kernel(
     coef_ptr,
     u_ptr,
@@ -588,6 +524,7 @@ def _segment_kernel(
     WALK_REV: tl.constexpr,
     HAS_INIT: tl.constexpr,
     SPARSE: tl.constexpr,
+    REPLAY: tl.constexpr,
     PERSIST: tl.constexpr,
     SEG: tl.constexpr,
     STAGES: tl.constexpr,
@@ -598,30 +535,61 @@ def _segment_kernel(
     """h_s = a_s h_{s-1} + u_s (k = 1, V = 1, forward) by segments of SEG walk steps x BLOCK_J channels.
 
     A segment is read twice: pass 1 folds its steps (BLOCK_T at a time, STAGES - 1 sub-tiles of loads in
-    flight) into its map (coefficient product, end state from 0) and publishes it (status 1); the carry
-    comes from the single pass's look-back over the earlier segments of its chain (statuses and summaries
-    as in :func:`_lookback_kernel`, the same sequential fold, so the bits do not depend on timing); its end
-    state is published (status 2) and pass 2 reads the segment again, scans each sub-tile from the carry
-    and writes h. A chain has SEG / BLOCK_T times fewer hand-offs than the single pass on BLOCK_T-step tiles,
-    at the cost of the second read, which L2 serves while few segments are open at once.
+    flight) into its map (coefficient product, end state from 0); the carry comes from the single pass's
+    look-back over the earlier segments of its chain (:func:`_look_back`, so the bits do not depend on
+    timing); its end state is published and pass 2 reads the segment again, scans each sub-tile from the
+    carry and writes h. A chain has SEG / BLOCK_T times fewer hand-offs than the single pass on BLOCK_T-step
+    tiles, at the cost of the second read, meant to be served by L2 while few segments are open at once.
 
     Segments are taken in order from a counter (``flag_ptr[CHAINS * NS]``): segment = k CHAINS + chain.
     PERSIST: the grid has fewer programs than segments and each takes segments until none is left, so only
-    as many segments as programs are open at once. Walk step s sits at time s (L - 1 - s when WALK_REV);
-    HAS_INIT: the state before the first step is ``init`` (R, DJ), else 0. SPARSE as in
-    :func:`_lookback_kernel`. Inputs contiguous (R, L, DJ).
+    as many segments as programs are open at once; else each program takes one. Walk step s sits at time s
+    (L - 1 - s when WALK_REV); HAS_INIT: the state before the first step is ``init`` (R, DJ), else 0.
+    SPARSE and REPLAY as in :func:`_lookback_kernel`. Inputs contiguous (R, L, DJ).
     """
+    lanes_j = tl.arange(0, BLOCK_J)
+    lanes_t = tl.arange(0, BLOCK_T)
+    last = (lanes_t == BLOCK_T - 1)[:, None]
+    dstep = -DJ if WALK_REV else DJ
     tile = tl.atomic_add(flag_ptr + CHAINS * NS, 1).to(tl.int64)
-    if PERSIST:
-        while tile < CHAINS * NS:
-            _segment_body(tile, coef_ptr, u_ptr, init_ptr, hout_ptr, agg_ptr, inc_ptr, flag_ptr, L, DJ, NJB,
-                          CHAINS, NS, WALK_REV, HAS_INIT, SPARSE, SEG, STAGES, BLOCK_T, BLOCK_J,
-                          FP64)  # fmt: skip
+    while tile < CHAINS * NS:
+        k = tile // CHAINS
+        r = (tile % CHAINS) // NJB
+        offs_j = (tile % CHAINS) % NJB * BLOCK_J + lanes_j
+        mask_j = offs_j < DJ
+        base0 = r * L * DJ + (L - 1 if WALK_REV else 0) * DJ
+        inside = (lanes_t * dstep)[:, None] + offs_j[None, :]
+        # Pass 1: the segment's map x -> P x + H, folded sub-tile by sub-tile in walk order.
+        P = _acc(tl.full((BLOCK_J,), 1.0, tl.float32), FP64)
+        H = P * 0.0
+        for i in tl.range(0, SEG // BLOCK_T, num_stages=STAGES):
+            s0 = k * SEG + i * BLOCK_T
+            a, u, _, _ = _segment_loads(coef_ptr, u_ptr, base0, s0, L, dstep, inside, lanes_t, mask_j, FP64)
+            pe, he = tl.reduce((a, u), 0, _compose)
+            P, H = P * pe, H * pe + he
+        status = flag_ptr + tile
+        carry = H * 0.0
+        if k == 0:
+            if HAS_INIT:
+                carry = _first_state(init_ptr, u_ptr, r, L, DJ, offs_j, mask_j, 0, FP64)
+        else:
+            carry = _look_back(agg_ptr, inc_ptr, flag_ptr, status, tile, CHAINS, P, H, lanes_j, REPLAY,
+                               BLOCK_J)  # fmt: skip
+        if (k < NS - 1) & (k % SPARSE == 0):
+            _publish_final(inc_ptr, status, tile, H + P * carry, lanes_j, BLOCK_J)
+        # Pass 2: the segment again, each sub-tile scanned from the carry.
+        for i in tl.range(0, SEG // BLOCK_T, num_stages=STAGES):
+            s0 = k * SEG + i * BLOCK_T
+            a, u, offs, m2 = _segment_loads(coef_ptr, u_ptr, base0, s0, L, dstep, inside, lanes_t, mask_j,
+                                            FP64)  # fmt: skip
+            p, h = tl.associative_scan((a, u), 0, _compose)
+            h = h + p * carry[None, :]
+            tl.store(hout_ptr + offs, h.to(hout_ptr.dtype.element_ty), mask=m2)
+            carry = tl.sum(tl.where(last, h, 0.0), axis=0)
+        if PERSIST:  # noqa: SIM108 (a compile-time branch: no counter read for one segment per program)
             tile = tl.atomic_add(flag_ptr + CHAINS * NS, 1).to(tl.int64)
-    else:
-        _segment_body(tile, coef_ptr, u_ptr, init_ptr, hout_ptr, agg_ptr, inc_ptr, flag_ptr, L, DJ, NJB,
-                      CHAINS, NS, WALK_REV, HAS_INIT, SPARSE, SEG, STAGES, BLOCK_T, BLOCK_J,
-                      FP64)  # fmt: skip
+        else:
+            tile = tile * 0 + CHAINS * NS  # one segment per program
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1588,19 +1556,29 @@ def _run_split(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor 
     )  # fmt: skip
 
 
+def _lookback_buffers(coef: Tensor, plan: ScanPlan, counters: int) -> tuple[int, Tensor, Tensor, Tensor]:
+    """(chains, statuses, summaries, final states) of a launch over ``plan``'s tiles taken in chain order:
+    one zeroed int32 status per tile and ``counters`` more after them, the summaries (tiles, 2, BLOCK_J)
+    and final states (tiles, BLOCK_J) in the accumulation type."""
+    rows = coef.shape[0]
+    chains = rows * plan.num_jblocks
+    tiles = chains * plan.num_chunks
+    acc = _acc_dtype(coef)
+    flag_buf = torch.zeros(tiles + counters, dtype=torch.int32, device=coef.device)
+    agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
+    inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
+    return chains, flag_buf, agg, inc
+
+
 def _run_lookback(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> Tensor:
     """One launch of :func:`_lookback_kernel` (one program per tile) with its status buffers, called like
     :func:`_run`: pointers it does not name are None (never touched); flags it does not take are ignored,
     those it takes default to 0. Returns the int32 status buffer; its last element is the flag of a BAIL
     launch (1 if set)."""
     coef = ptrs["coef"]
-    rows, length, dj = coef.shape
-    chains = rows * plan.num_jblocks
+    _, length, dj = coef.shape
+    chains, flag_buf, agg, inc = _lookback_buffers(coef, plan, 2)  # the tile counter, the BAIL flag
     tiles = chains * plan.num_chunks
-    acc = _acc_dtype(coef)
-    flag_buf = torch.zeros(tiles + 2, dtype=torch.int32, device=coef.device)
-    agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
-    inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
     args = list(map(ptrs.get, _LOOKBACK_PTRS))
     meta = _meta(_LOOKBACK_FLAGS, tuple(flags.items()))
     launch(
@@ -1619,18 +1597,15 @@ def _run_segment(plan: ScanPlan, ptrs: dict[str, Tensor], **flags: int) -> None:
     """One launch of :func:`_segment_kernel` with its status buffer and summaries, called like
     :func:`_run_lookback` with the flags it takes (WALK_REV, HAS_INIT; others ignored)."""
     coef = ptrs["coef"]
-    rows, length, dj = coef.shape
-    chains = rows * plan.num_jblocks
+    _, length, dj = coef.shape
+    chains, flag_buf, agg, inc = _lookback_buffers(coef, plan, 1)  # the segment counter
     tiles = chains * plan.num_chunks
-    acc = _acc_dtype(coef)
-    flag_buf = torch.zeros(tiles + 1, dtype=torch.int32, device=coef.device)
-    agg = torch.empty((tiles, 2, plan.block_j), dtype=acc, device=coef.device)
-    inc = torch.empty((tiles, plan.block_j), dtype=acc, device=coef.device)
     programs = min(tiles, plan.per_sm * num_sms(coef.device)) if plan.per_sm else tiles
     launch(
         _segment_kernel, (programs,), *map(ptrs.get, _SEGMENT_PTRS), agg, inc, flag_buf, length, dj,
         plan.num_jblocks, chains, plan.num_chunks, WALK_REV=int(flags.get("WALK_REV", 0)),
-        HAS_INIT=int(flags.get("HAS_INIT", 0)), SPARSE=sparse_every(), PERSIST=int(programs < tiles),
+        HAS_INIT=int(flags.get("HAS_INIT", 0)), SPARSE=sparse_every(), REPLAY=LOOKBACK_REPLAY,
+        PERSIST=int(programs < tiles),
         SEG=plan.chunk, STAGES=plan.num_stages, BLOCK_T=plan.block_t, BLOCK_J=plan.block_j,
         FP64=is_fp64(coef), num_warps=plan.num_warps,
     )  # fmt: skip
